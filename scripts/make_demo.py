@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Build the embedded demo: a tiny Qwen3 model and a small chat dataset, offline.
+
+The image and the tests run the whole job on these when there is no GPU and no Hub.
+Everything is deterministic (fixed seeds), so running this again rewrites the same files.
+
+    python scripts/make_demo.py [--out demo]
+"""
+
+import json
+import random
+from pathlib import Path
+
+import click
+
+# A Qwen-style ChatML template, so the tiny model formats "messages" the way Qwen3 does.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple"]
+THINGS = ["apple", "sky", "grass", "sun", "coal", "snow", "carrot", "plum"]
+CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Japan": "Tokyo",
+            "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Chile": "Santiago"}
+
+
+def conversation(rng: random.Random) -> dict:
+    """One conversation with learnable structure (so the demo's loss visibly falls)."""
+    turns = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        kind = rng.choice(["colour", "capital", "sum", "echo"])
+        if kind == "colour":
+            i = rng.randrange(len(THINGS))
+            q, a = f"What colour is the {THINGS[i]}?", f"The {THINGS[i]} is {COLOURS[i]}."
+        elif kind == "capital":
+            country = rng.choice(sorted(CAPITALS))
+            q, a = f"What is the capital of {country}?", f"The capital of {country} is {CAPITALS[country]}."
+        elif kind == "sum":
+            x, y = rng.randrange(10), rng.randrange(10)
+            q, a = f"What is {x} plus {y}?", f"{x} plus {y} is {x + y}."
+        else:
+            words = " ".join(rng.choice(THINGS) for _ in range(rng.randrange(2, 12)))
+            q, a = f"Repeat after me: {words}", words
+        turns += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return {"messages": turns}
+
+
+def build_tokenizer(texts: list[str], out: Path):
+    """A byte-level BPE tokenizer trained on the demo texts (tokenizers trains it in a second)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIAL_TOKENS,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_model(tokenizer, out: Path) -> None:
+    """A Qwen3 with about 100k parameters: same architecture class as Qwen3-8B, tiny shapes."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+
+
+@click.command()
+@click.option("--out", default="demo", type=click.Path(file_okay=False, path_type=Path), help="Folder to write.")
+@click.option("--conversations", default=512, help="How many conversations the dataset holds.")
+def main(out: Path, conversations: int) -> None:
+    rng = random.Random(0)
+    rows = [conversation(rng) for _ in range(conversations)]
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "chat.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    texts = [m["content"] for r in rows for m in r["messages"]] + ["user assistant system"]
+    tokenizer = build_tokenizer(texts, out / "tiny-qwen3")
+    build_model(tokenizer, out / "tiny-qwen3")
+    click.echo(f"wrote {out}/chat.jsonl ({len(rows)} conversations) and {out}/tiny-qwen3")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Which checkpoints in the output folder are complete, and which one a new start resumes from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+def step_of(path: Path) -> int:
+    return int(CHECKPOINT.match(path.name).group(1))
+
+
+def all_checkpoints(output_dir: Path) -> list[Path]:
+    """checkpoint-N folders, oldest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [p for p in output_dir.iterdir() if p.is_dir() and CHECKPOINT.match(p.name)]
+    return sorted(found, key=step_of)
+
+
+def shard_ranks(checkpoint: Path) -> list[int]:
+    """The ranks whose ZeRO optimizer shards the checkpoint holds."""
+    latest = checkpoint / "latest"
+    if not latest.is_file():
+        return []
+    tag_dir = checkpoint / latest.read_text().strip()
+    if not tag_dir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in tag_dir.iterdir() if (m := SHARD.match(p.name)))
+
+
+def problem(checkpoint: Path) -> str | None:
+    """Why a checkpoint is not complete, or None if the Trainer and DeepSpeed finished writing it.
+
+    The Trainer writes trainer_state.json after DeepSpeed's save (which ends in a barrier across
+    ranks), so its presence with `latest` and every rank's shard means nothing is half-written.
+    """
+    if not (checkpoint / "trainer_state.json").is_file():
+        return "no trainer_state.json"
+    ranks = shard_ranks(checkpoint)
+    if not ranks:
+        return "no DeepSpeed state (`latest` or its shards missing)"
+    if ranks != list(range(len(ranks))):
+        return f"shards of ranks {ranks}: some rank's shard is missing"
+    return None
+
+
+def latest_complete(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint, warning about newer torn ones it skips."""
+    for checkpoint in reversed(all_checkpoints(output_dir)):
+        why = problem(checkpoint)
+        if why is None:
+            return checkpoint
+        print(f"warning: skipping {checkpoint.name}: incomplete ({why})", flush=True)
+    return None

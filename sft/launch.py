@@ -1,0 +1,140 @@
+"""Start the ranks through the real launcher (torchrun or deepspeed) and stop them gracefully.
+
+The launcher runs in its own process session, so a signal meant for the job reaches this
+controlling process first; the controller then asks the ranks to save and stop (a stop file every
+rank polls each step), and only kills them when SFT_STOP_GRACE_SECONDS have passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# After the grace period: SIGTERM to the launcher's group, then SIGKILL this many seconds later.
+KILL_AFTER_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """How many ranks run, and on which devices."""
+
+    count: int
+    gpus: tuple[int, ...]  # empty: CPU ranks on gloo
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.gpus)
+
+
+def detect_ranks(s: Settings) -> Ranks:
+    """One rank per selected GPU; on a machine with no GPU, SFT_CPU_RANKS ranks on CPU."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    if visible == 0:
+        return Ranks(s.cpu_ranks, ())
+    if s.gpus == "all":
+        return Ranks(visible, tuple(range(visible)))
+    chosen = tuple(int(g) for g in s.gpus.split(","))
+    missing = [g for g in chosen if g >= visible]
+    if missing:
+        raise LaunchError(f"SFT_GPUS={s.gpus!r}: this machine has {visible} GPU(s) (0-{visible - 1}); "
+                          f"no GPU {', '.join(map(str, missing))}")
+    return Ranks(len(chosen), chosen)
+
+
+class LaunchError(Exception):
+    """The ranks cannot be started as asked."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def command(s: Settings, ranks: Ranks, spec_path: Path, port: int) -> list[str]:
+    """The launcher command line, as the seed writes it by hand."""
+    if s.launcher == "deepspeed":
+        include = ",".join(map(str, ranks.gpus)) if ranks.on_gpu else ",".join(map(str, range(ranks.count)))
+        return [shutil.which("deepspeed") or "deepspeed", "--include", f"localhost:{include}",
+                "--master_port", str(port), "--module", "sft.train", str(spec_path)]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks.count}",
+            "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "sft.train", str(spec_path)]
+
+
+def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    # torchrun sets 1 when unset, which starves DeepSpeed's CPU Adam under offload: share the cores out.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks.count)))
+    if ranks.on_gpu and s.launcher == "torchrun":
+        # torchrun numbers the visible GPUs from 0; the deepspeed launcher sets this itself from --include.
+        env["CUDA_VISIBLE_DEVICES"] = _visible_devices(ranks.gpus)
+    return env
+
+
+def _visible_devices(gpus: tuple[int, ...]) -> str:
+    # SFT_GPUS indexes the GPUs this container sees, which CUDA_VISIBLE_DEVICES may already narrow.
+    outer = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if outer:
+        names = outer.split(",")
+        return ",".join(names[g] for g in gpus)
+    return ",".join(map(str, gpus))
+
+
+class Launch:
+    """One run of the ranks; `stop()` asks them to save and stop, then enforces the grace period."""
+
+    def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path):
+        self.settings, self.ranks, self.stop_file = s, ranks, stop_file
+        self.cmd = command(s, ranks, spec_path, free_port())
+        self.deadline: float | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def run(self) -> int:
+        """Run to the end; return the launcher's exit code."""
+        print("$ " + " ".join(self.cmd), flush=True)
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO_ROOT, env=environment(self.settings, self.ranks), start_new_session=True)
+        while True:
+            try:
+                return self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                self._enforce_deadline()
+
+    def stop(self) -> None:
+        if self.deadline is not None:
+            return
+        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+        self.stop_file.touch()
+        self.deadline = time.monotonic() + self.settings.stop_grace_seconds
+        print(f"stop requested: the ranks save a checkpoint and stop "
+              f"(SFT_STOP_GRACE_SECONDS={self.settings.stop_grace_seconds})", flush=True)
+
+    def _enforce_deadline(self) -> None:
+        if self.deadline is None or time.monotonic() < self.deadline or self.proc is None:
+            return
+        print("grace period over: stopping the ranks", flush=True)
+        _signal_group(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=KILL_AFTER_SECONDS)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc, signal.SIGKILL)
+        self.deadline = float("inf")
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

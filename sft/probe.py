@@ -1,0 +1,71 @@
+"""The probe's figures: speed, memory on every rank, and what the full run will take.
+
+The probe is the seed's 50-step timing run, made by the same code as the real run with
+save_strategy="no". Its speed is taken in the steady state: the first steps pay for kernel
+compilation, allocator growth and DeepSpeed's first all-gathers, and would skew a projection.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+GIB = 2**30  # GiB: bytes / 2**30, as DeepSpeed prints
+
+
+def steady_window(steps: list[list[float]]) -> tuple[list[float], list[float]] | None:
+    """First and last (step, time, tokens) of the steady state: after the first 10% (at least 2) steps."""
+    if len(steps) < 3:
+        return None
+    skip = min(max(2, len(steps) // 10), len(steps) - 2)
+    return steps[skip - 1], steps[-1]
+
+
+def figures(reports: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+    """Probe figures from the ranks' reports (rank 0 holds the step times)."""
+    main = next(r for r in reports if r["rank"] == 0)
+    window = steady_window(main["steps"])
+    out: dict[str, Any] = {
+        "steps": main.get("global_step"),
+        "world_size": main["world_size"],
+        "peak_reserved_gib": [round(r["peak_reserved_bytes"] / GIB, 2) for r in sorted(reports, key=lambda r: r["rank"])],
+        "device": main.get("device"),
+        "steps_per_epoch": main.get("steps_per_epoch"),
+    }
+    if window:
+        (s0, t0, n0), (s1, t1, n1) = window
+        out["seconds_per_step"] = round((t1 - t0) / (s1 - s0), 4)
+        out["tokens_per_second"] = round((n1 - n0) / (t1 - t0), 1)
+    out.update(projection(out, settings))
+    return out
+
+
+def projection(fig: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Steps, hours and cost of the full run at the probe's steady speed."""
+    if "seconds_per_step" not in fig or not fig.get("steps_per_epoch"):
+        return {}
+    total = settings["max_steps"] if settings["max_steps"] > 0 else math.ceil(
+        settings["epochs"] * fig["steps_per_epoch"])
+    hours = total * fig["seconds_per_step"] / 3600
+    out = {"total_steps": total, "projected_hours": round(hours, 3)}
+    if settings.get("price_per_hour"):
+        out["projected_cost"] = round(hours * settings["price_per_hour"], 2)
+    return out
+
+
+def table(fig: dict[str, Any]) -> str:
+    """The probe's figures as a short table for the log."""
+    rows = [
+        ("steps probed", fig.get("steps")),
+        ("ranks", fig.get("world_size")),
+        ("tokens/s (non-padding, steady)", fig.get("tokens_per_second", "n/a (too few steps)")),
+        ("seconds per step", fig.get("seconds_per_step", "n/a")),
+        ("peak reserved GiB per rank", ", ".join(f"{g:.2f}" for g in fig["peak_reserved_gib"])),
+        ("steps per epoch", fig.get("steps_per_epoch")),
+        ("steps to train", fig.get("total_steps", "n/a")),
+        ("projected hours", fig.get("projected_hours", "n/a")),
+    ]
+    if "projected_cost" in fig:
+        rows.append(("projected cost", fig["projected_cost"]))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

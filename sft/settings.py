@@ -1,0 +1,227 @@
+"""The job's settings: one frozen dataclass, read from SFT_* environment variables by one function.
+
+Each field is one variable: field `micro_batch` is `SFT_MICRO_BATCH`. The docstring-like `help` of
+each field is what `entrypoint.py --help` and the README table show. Every problem is collected and
+reported at once (a batch job should fail once, with the whole list, not once per typo).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+PREFIX = "SFT_"
+STAGES = ("auto", "1", "2", "3", "3-offload", "3-offload-all")
+LAUNCHERS = ("torchrun", "deepspeed")
+PRECISIONS = ("auto", "bf16", "fp32")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+# A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
+REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+# The variables of the ecosystem the job reads under their own names (documented, never SFT_).
+ECOSYSTEM_VARS = {
+    "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO; read at run time, never stored.",
+    "HF_HOME": "Hugging Face cache (models, datasets); in the image, under the mounted /data.",
+    "HF_HUB_OFFLINE": "1: never contact the Hub (models and data must be local or cached).",
+    "CUDA_VISIBLE_DEVICES": "The GPUs the container sees; SFT_GPUS picks among them.",
+}
+
+
+def _setting(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a run needs, as resolved from the environment."""
+
+    model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
+    dataset: str = _setting("trl-lib/Capybara", "Dataset: a Hub name, or a local .jsonl/.json/.parquet file or "
+                            "folder, conversational (a 'messages' column).")
+    dataset_split: str = _setting("train", "Split of the dataset to train on.")
+    zero_stage: str = _setting("3", "ZeRO stage: " + ", ".join(STAGES[1:]) + ". Ignored when SFT_DS_CONFIG is set.",
+                               choices=STAGES[1:])
+    ds_config: str | None = _setting(None, "A DeepSpeed JSON of your own; wins over SFT_ZERO_STAGE.")
+    probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
+    max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
+    epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
+    micro_batch: int = _setting(1, "Sequences per GPU per forward pass.", min=1)
+    grad_accum: int = _setting(4, "Micro-batches accumulated per optimizer step.", min=1)
+    max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
+    learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
+    save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
+    save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
+    gradient_checkpointing: bool = _setting(True, "Recompute activations in backward to save memory.")
+    logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
+    seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
+    precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
+    output_dir: str = _setting("output", "Where checkpoints, final/ and the run's reports go.")
+    gpus: str = _setting("all", "GPUs to use: all, or a list such as 0,1,2,3.")
+    cpu_ranks: int = _setting(2, "Ranks to start on a machine with no GPU (CPU, gloo): demos and tests.", min=1)
+    launcher: str = _setting("torchrun", "What starts the ranks: torchrun or deepspeed.", choices=LAUNCHERS)
+    price_per_hour: float | None = _setting(None, "Price of the machine per hour, for the probe's cost projection.",
+                                            gt=0)
+    hub_repo: str | None = _setting(None, "Private Hugging Face repo (owner/name) for checkpoints; unset: no upload.")
+    upload_minutes: float = _setting(30.0, "Minutes between checkpoint uploads to SFT_HUB_REPO.", gt=0)
+    stop_grace_seconds: int = _setting(300, "On SIGTERM, seconds allowed to save a checkpoint and upload it.", min=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output_dir)
+
+
+class SettingsError(Exception):
+    """All problems found in the environment, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def env_name(name: str) -> str:
+    return PREFIX + name.upper()
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, default, help) for every setting: for --help and the README table."""
+    rows = []
+    for f in dataclasses.fields(Settings):
+        default = "unset" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) else str(
+            f.default)
+        rows.append((env_name(f.name), default, f.metadata["help"]))
+    return rows
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read, parse and check every SFT_* variable; raise SettingsError listing every problem."""
+    environ = os.environ if environ is None else environ
+    fields = {env_name(f.name): f for f in dataclasses.fields(Settings)}
+    problems = _unknown_variables(environ, fields)
+    values = {}
+    for var, f in fields.items():
+        raw = environ.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            values[f.name] = _parse(f, raw.strip())
+        except ValueError as e:
+            problems.append(f"{var}={raw!r}: {e}")
+    if not problems:
+        settings = Settings(**values)
+        problems += check(settings)
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
+    problems = []
+    for var in sorted(v for v in environ if v.startswith(PREFIX) and v not in fields):
+        close = difflib.get_close_matches(var, fields, n=1)
+        hint = f"did you mean {close[0]}?" if close else "see `entrypoint.py --help` for the list"
+        problems.append(f"{var}: unknown setting ({hint})")
+    return problems
+
+
+def _parse(f: dataclasses.Field, raw: str) -> Any:
+    kind = str(f.type)
+    if "bool" in kind:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("expected true or false (1/0, yes/no, on/off)")
+    if "int" in kind:
+        try:
+            value: Any = int(raw)
+        except ValueError:
+            raise ValueError("expected a whole number") from None
+    elif "float" in kind:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError("expected a number") from None
+    else:
+        value = raw
+    _check_bounds(f.metadata, value)
+    return value
+
+
+def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
+    if "choices" in meta and value not in meta["choices"]:
+        raise ValueError("expected one of " + ", ".join(meta["choices"]))
+    if "min" in meta and value < meta["min"]:
+        raise ValueError(f"expected at least {meta['min']}")
+    if "gt" in meta and not value > meta["gt"]:
+        raise ValueError(f"expected more than {meta['gt']}")
+
+
+def check(s: Settings) -> list[str]:
+    """Checks that involve more than one variable's syntax: files, formats, combinations."""
+    problems = []
+    if s.max_steps == 0:
+        problems.append("SFT_MAX_STEPS=0: expected -1 (full epochs) or a positive number of steps")
+    problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
+    problems += _check_source("SFT_DATASET", s.dataset, expect_dir=False)
+    if s.ds_config is not None:
+        problems += _check_ds_config(s.ds_config)
+    if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
+        problems.append(f"SFT_GPUS={s.gpus!r}: expected all, or GPU indices such as 0,1,2,3")
+    elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
+        problems.append(f"SFT_GPUS={s.gpus!r}: a GPU is listed twice")
+    if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
+        problems.append(f"SFT_HUB_REPO={s.hub_repo!r}: expected a repo id such as your-name/qwen3-8b-sft")
+    problems += _check_output_dir(s.output_dir)
+    return problems
+
+
+def looks_local(value: str) -> bool:
+    """A path the user meant as local: it exists, or is written like a path (/x, ./x, ~/x)."""
+    return os.path.exists(os.path.expanduser(value)) or value.startswith(("/", ".", "~"))
+
+
+def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
+    path = Path(os.path.expanduser(value))
+    if not looks_local(value):
+        if REPO_ID.match(value):
+            return []
+        return [f"{var}={value!r}: neither a local path nor a Hub name such as Qwen/Qwen3-8B"]
+    if not path.exists():
+        return [f"{var}={value!r}: no such file or folder"]
+    if expect_dir and not (path / "config.json").is_file():
+        return [f"{var}={value!r}: expected a model folder with config.json (as save_pretrained writes)"]
+    if not expect_dir and path.is_file() and path.suffix not in DATA_SUFFIXES:
+        return [f"{var}={value!r}: expected a {', '.join(DATA_SUFFIXES)} file or a folder of them"]
+    return []
+
+
+def _check_ds_config(value: str) -> list[str]:
+    try:
+        config = json.loads(Path(value).read_text())
+    except FileNotFoundError:
+        return [f"SFT_DS_CONFIG={value!r}: no such file"]
+    except (OSError, json.JSONDecodeError) as e:
+        return [f"SFT_DS_CONFIG={value!r}: not a readable JSON file ({e})"]
+    if not isinstance(config, dict) or "zero_optimization" not in config:
+        return [f"SFT_DS_CONFIG={value!r}: expected a DeepSpeed config with a zero_optimization section"]
+    return []
+
+
+def _check_output_dir(value: str) -> list[str]:
+    # Find the nearest folder that exists: the job creates the rest. Nothing is written here.
+    path = Path(os.path.expanduser(value)).absolute()
+    if path.exists() and not path.is_dir():
+        return [f"SFT_OUTPUT_DIR={value!r}: exists and is not a folder"]
+    while not path.exists():
+        path = path.parent
+    if not os.access(path, os.W_OK | os.X_OK):
+        return [f"SFT_OUTPUT_DIR={value!r}: {path} is not writable (mount a writable folder there)"]
+    return []

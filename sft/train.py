@@ -1,0 +1,190 @@
+"""What every rank runs: TRL's SFTTrainer on DeepSpeed, as the seed's sft_ds.py does.
+
+Started by the launcher (torchrun or deepspeed), never by hand:
+    python -m sft.train RUN_SPEC.json
+The controlling process (sft/job.py) writes RUN_SPEC.json; each rank writes a report JSON back.
+Exit codes of a rank: 0 done (or stopped on request, said in the report), 42 out of GPU memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+RANK_OOM_EXIT = 42
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    s = spec["settings"]
+    on_gpu = _setup_distributed()
+    stop = StopRequest(Path(spec["stop_file"]))
+    signal.signal(signal.SIGTERM, stop.on_signal)
+    report: dict[str, Any] = {"mode": spec["mode"], "status": "started"}
+    try:
+        trainer = build_trainer(spec, on_gpu, stop, report)
+        _reset_peak_memory(on_gpu)
+        result = trainer.train(resume_from_checkpoint=spec.get("resume"))
+        report.update(_results(trainer, result, stop))
+        if spec["mode"] == "train" and not stop.requested:
+            trainer.save_model(spec["final_dir"])  # ZeRO-3 gathers the 16-bit weights for this
+    except Exception as e:  # noqa: BLE001 - every failure is reported to the controller, then re-raised
+        report.update(status="oom" if _is_oom(e) else "failed", error=f"{type(e).__name__}: {e}")
+        if _is_oom(e):
+            return _finish(spec, report, on_gpu, RANK_OOM_EXIT)
+        _finish(spec, report, on_gpu, 1)
+        raise
+    report["status"] = "stopped" if stop.requested else "done"
+    return _finish(spec, report, on_gpu, 0)
+
+
+def _setup_distributed() -> bool:
+    """Make the process state before the Trainer's arguments, or ranks disagree on the world size on CPU."""
+    if torch.cuda.is_available():
+        return True
+    # FACTS.md: on CPU the Trainer + DeepSpeed need the gloo state made first, and then told to use it.
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    PartialState(backend="gloo")
+    return False
+
+
+def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
+    """SFTTrainer with the seed's arguments, filled from the resolved settings."""
+    from trl import SFTConfig, SFTTrainer
+
+    from .data import load_conversations
+
+    s = spec["settings"]
+    bf16 = s["precision"] == "bf16" or (s["precision"] == "auto" and on_gpu)
+    probe = spec["mode"] == "probe"
+    config = SFTConfig(
+        output_dir=spec["trainer_output_dir"],
+        deepspeed=spec["ds_config"],  # set before the model loads, so ZeRO-3 shards it while loading
+        per_device_train_batch_size=s["micro_batch"],
+        gradient_accumulation_steps=s["grad_accum"],
+        max_length=s["max_length"],
+        num_train_epochs=s["epochs"],
+        max_steps=spec["max_steps"],
+        learning_rate=s["learning_rate"],
+        bf16=bf16,
+        gradient_checkpointing=s["gradient_checkpointing"],
+        logging_steps=1 if probe else s["logging_steps"],
+        logging_first_step=True,
+        save_strategy="no" if probe else "steps",  # a timing run writes no checkpoint
+        save_steps=s["save_steps"],
+        save_total_limit=s["save_total_limit"],
+        seed=s["seed"],
+        data_seed=s["seed"],
+        report_to="none",
+        model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
+        accelerator_config={"use_configured_state": not on_gpu},
+    )
+    dataset = load_conversations(s["dataset"], s["dataset_split"])
+    callback = ProgressCallback(stop, report)
+    trainer = SFTTrainer(model=s["model"], args=config, train_dataset=dataset, callbacks=[callback])
+    callback.trainer = trainer
+    # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
+    batches = len(trainer.get_train_dataloader())
+    report["steps_per_epoch"] = max(math.ceil(batches / s["grad_accum"]), 1)
+    report["conversations"] = len(dataset)
+    return trainer
+
+
+class StopRequest:
+    """A stop asked for by SIGTERM to this rank, or by the controller's stop file."""
+
+    def __init__(self, stop_file: Path):
+        self.stop_file = stop_file
+        self.requested = False
+
+    def on_signal(self, signum, frame) -> None:
+        print(f"[rank {os.environ.get('RANK', '?')}] SIGTERM: saving a checkpoint at the end of this step",
+              file=sys.stderr, flush=True)
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """True on every rank once any rank was asked to stop (all ranks must save at the same step)."""
+        local = self.requested or self.stop_file.exists()
+        if not dist.is_initialized():
+            return local
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        flag = torch.tensor([1.0 if local else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one float per step: negligible next to a step's traffic
+        self.requested = bool(flag.item())
+        return self.requested
+
+
+class ProgressCallback(TrainerCallback):
+    """Records time and tokens at every optimizer step; turns a stop request into save-and-stop."""
+
+    def __init__(self, stop: StopRequest, report: dict):
+        self.stop, self.report, self.trainer = stop, report, None
+        report["steps"] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
+        self.report["steps"].append([state.global_step, time.perf_counter(), int(tokens)])
+        if self.stop.agreed():
+            control.should_save = args.save_strategy != "no"
+            control.should_training_stop = True
+        return control
+
+
+def _results(trainer, result, stop: StopRequest) -> dict[str, Any]:
+    state = trainer.state
+    return {
+        "global_step": state.global_step,
+        "train_runtime": result.metrics.get("train_runtime"),
+        "train_loss": result.metrics.get("train_loss"),
+        "num_tokens": int(getattr(trainer, "_total_train_tokens", 0)),
+        "log_history": state.log_history,
+        "stopped": stop.requested,
+    }
+
+
+def _reset_peak_memory(on_gpu: bool) -> None:
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_memory(on_gpu: bool) -> dict[str, Any]:
+    import resource
+
+    if on_gpu:
+        return {"device": torch.cuda.get_device_name(), "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+                "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+                "total_bytes": torch.cuda.get_device_properties(0).total_memory}
+    # On CPU the closest figure is the process's peak resident memory (ru_maxrss is in KiB on Linux).
+    return {"device": "cpu", "peak_reserved_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _finish(spec: dict, report: dict, on_gpu: bool, code: int) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    report.update(rank=rank, world_size=int(os.environ.get("WORLD_SIZE", "1")), **_peak_memory(on_gpu))
+    path = Path(spec["report_dir"]) / f"{spec['mode']}-rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str))
+    if code == 0 and dist.is_initialized():
+        # Without this a rank aborts at exit and the launcher reports failure (FACTS.md).
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
