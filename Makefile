@@ -1,0 +1,50 @@
+# Full fine-tuning on DeepSpeed ZeRO in one image. `make help` lists the targets.
+.PHONY: help setup demo test image test-image run probe lock clean
+
+# the interpreter the host venv is made from
+PYTHON ?= python3.11
+# where `make setup` installs the locked dependencies
+VENV ?= .venv
+# the image tag `make image` builds and `make run` starts
+IMAGE ?= sft-zero:latest
+# override the Dockerfile's pinned CUDA devel base (empty: its default)
+BASE_IMAGE ?=
+# host folder mounted at /data by `make run` and `make probe`
+DATA ?= $(CURDIR)/data
+PY := $(VENV)/bin/python
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup:  ## make the venv and install requirements.lock (the same step the image runs)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	scripts/install-deps.sh $(PY)
+
+demo:  ## the whole job on the embedded tiny model and data, on CPU with two ranks
+	SFT_MODEL=demo/tiny-qwen3 SFT_DATASET=demo/chat.jsonl SFT_OUTPUT_DIR=output/demo \
+	SFT_ZERO_STAGE=2 SFT_PROBE_STEPS=10 SFT_SAVE_STEPS=20 SFT_LEARNING_RATE=2e-3 \
+	HF_HUB_OFFLINE=1 $(PY) entrypoint.py
+
+test:  ## the test suite (CPU; GPU tests skip with their reason)
+	$(PY) -m pytest -q
+
+image:  ## build the image users run (CUDA devel base)
+	docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
+
+test-image:  ## build the CI variant of the image and run it as a user would
+	scripts/test-image.sh
+
+run:  ## the job in the image, on every GPU, output in $(DATA)
+	docker run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE)
+
+probe:  ## only the probe, in the image
+	docker run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE) probe
+
+lock:  ## re-pin requirements.lock from requirements.in (in a fresh venv)
+	rm -rf /tmp/lock-venv && $(PYTHON) -m venv /tmp/lock-venv
+	/tmp/lock-venv/bin/pip install -q -r requirements.in
+	/tmp/lock-venv/bin/pip freeze | sed 's/+cpu$$//' > requirements.lock
+
+clean:  ## remove the demo's output
+	rm -rf output
