@@ -10,3 +10,5 @@ TRAIN_FAILED = 6        # training failed; complete checkpoints are kept and a n
 UPLOAD_INCOMPLETE = 7   # trained, but something could not be uploaded: the message says what
 HUB_AUTH = 8            # the Hub refused the token or the repo (missing, read-only, public repo)
 STOPPED = 143           # stopped by SIGTERM/SIGINT after saving what it could (128 + SIGTERM)
+HUB_PUBLIC_REPO = 9     # SFT_HUB_REPO exists and is public: nothing is uploaded there (make it private or pick another)
+HUB_UNREACHABLE = 10    # the Hub did not answer at start (network, outage): starting again later may work

@@ -1,21 +1,37 @@
-"""Full fp32 weights from a DeepSpeed checkpoint, through DeepSpeed's own zero_to_fp32."""
+"""Full fp32 weights from a DeepSpeed checkpoint, through DeepSpeed's own zero_to_fp32.
+
+DeepSpeed's converter writes a bare state dict and refuses tied weights (Qwen3's small models tie
+the embedding to the output layer) in safetensors; loading its state dict into the model class and
+saving with save_pretrained gives a normal model folder that from_pretrained loads.
+"""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-# The Trainer saves these beside the shards; with them the export loads with from_pretrained.
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja")
+# The Trainer saves these beside the shards; copied so the export is a complete model folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:
-    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     checkpoint, out = Path(checkpoint), Path(out)
-    convert_zero_checkpoint_to_fp32_state_dict(str(checkpoint), str(out), safe_serialization=True)
-    for name in MODEL_FILES:
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+    config = AutoConfig.from_pretrained(checkpoint)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    untied = [k for k in missing if model.get_parameter(k).is_meta]
+    if untied or unexpected:
+        raise RuntimeError(f"{checkpoint}: weights do not match the model: missing {untied}, unexpected {unexpected}")
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)
     return out

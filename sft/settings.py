@@ -100,6 +100,13 @@ def describe() -> list[tuple[str, str, str]]:
     return rows
 
 
+def markdown_table() -> str:
+    """The README's table of variables (a test keeps the README equal to this)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{var}` | `{default}` | {help} |" for var, default, help in describe()]
+    return "\n".join(lines)
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     """Read, parse and check every SFT_* variable; raise SettingsError listing every problem."""
     environ = os.environ if environ is None else environ
@@ -113,7 +120,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         try:
             values[f.name] = _parse(f, raw.strip())
         except ValueError as e:
-            problems.append(f"{var}={raw!r}: {e}")
+            problems.append(_bad(var, raw, str(e)))
     if not problems:
         settings = Settings(**values)
         problems += check(settings)
@@ -136,7 +143,7 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
     if "bool" in kind:
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
-        if raw.lower() in ("0", "false", "no", "off"):
+        if raw.lower() in ("0", "false", "no", "of"):
             return False
         raise ValueError("expected true or false (1/0, yes/no, on/off)")
     if "int" in kind:
@@ -164,21 +171,26 @@ def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
         raise ValueError(f"expected more than {meta['gt']}")
 
 
+def _bad(var: str, value: Any, message: str) -> str:
+    """One problem, as every message reads: the variable, its value as given, what would be valid."""
+    return f"{var}={str(value)!r}: {message}"
+
+
 def check(s: Settings) -> list[str]:
     """Checks that involve more than one variable's syntax: files, formats, combinations."""
     problems = []
     if s.max_steps == 0:
-        problems.append("SFT_MAX_STEPS=0: expected -1 (full epochs) or a positive number of steps")
+        problems.append(_bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
     problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
     problems += _check_source("SFT_DATASET", s.dataset, expect_dir=False)
     if s.ds_config is not None:
         problems += _check_ds_config(s.ds_config)
     if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
-        problems.append(f"SFT_GPUS={s.gpus!r}: expected all, or GPU indices such as 0,1,2,3")
+        problems.append(_bad("SFT_GPUS", s.gpus, "expected all, or GPU indices such as 0,1,2,3"))
     elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
-        problems.append(f"SFT_GPUS={s.gpus!r}: a GPU is listed twice")
+        problems.append(_bad("SFT_GPUS", s.gpus, "a GPU is listed twice"))
     if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
-        problems.append(f"SFT_HUB_REPO={s.hub_repo!r}: expected a repo id such as your-name/qwen3-8b-sft")
+        problems.append(_bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
     problems += _check_output_dir(s.output_dir)
     return problems
 
@@ -193,13 +205,13 @@ def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
     if not looks_local(value):
         if REPO_ID.match(value):
             return []
-        return [f"{var}={value!r}: neither a local path nor a Hub name such as Qwen/Qwen3-8B"]
+        return [_bad(var, value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B")]
     if not path.exists():
-        return [f"{var}={value!r}: no such file or folder"]
+        return [_bad(var, value, "no such file or folder")]
     if expect_dir and not (path / "config.json").is_file():
-        return [f"{var}={value!r}: expected a model folder with config.json (as save_pretrained writes)"]
+        return [_bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
     if not expect_dir and path.is_file() and path.suffix not in DATA_SUFFIXES:
-        return [f"{var}={value!r}: expected a {', '.join(DATA_SUFFIXES)} file or a folder of them"]
+        return [_bad(var, value, f"expected a {', '.join(DATA_SUFFIXES)} file or a folder of them")]
     return []
 
 
@@ -207,11 +219,11 @@ def _check_ds_config(value: str) -> list[str]:
     try:
         config = json.loads(Path(value).read_text())
     except FileNotFoundError:
-        return [f"SFT_DS_CONFIG={value!r}: no such file"]
+        return [_bad("SFT_DS_CONFIG", value, "no such file")]
     except (OSError, json.JSONDecodeError) as e:
-        return [f"SFT_DS_CONFIG={value!r}: not a readable JSON file ({e})"]
+        return [_bad("SFT_DS_CONFIG", value, f"not a readable JSON file ({e})")]
     if not isinstance(config, dict) or "zero_optimization" not in config:
-        return [f"SFT_DS_CONFIG={value!r}: expected a DeepSpeed config with a zero_optimization section"]
+        return [_bad("SFT_DS_CONFIG", value, "expected a DeepSpeed config with a zero_optimization section")]
     return []
 
 
@@ -219,9 +231,9 @@ def _check_output_dir(value: str) -> list[str]:
     # Find the nearest folder that exists: the job creates the rest. Nothing is written here.
     path = Path(os.path.expanduser(value)).absolute()
     if path.exists() and not path.is_dir():
-        return [f"SFT_OUTPUT_DIR={value!r}: exists and is not a folder"]
+        return [_bad("SFT_OUTPUT_DIR", value, "exists and is not a folder")]
     while not path.exists():
         path = path.parent
     if not os.access(path, os.W_OK | os.X_OK):
-        return [f"SFT_OUTPUT_DIR={value!r}: {path} is not writable (mount a writable folder there)"]
+        return [_bad("SFT_OUTPUT_DIR", value, f"{path} is not writable (mount a writable folder there)")]
     return []

@@ -26,7 +26,6 @@ RANK_OOM_EXIT = 42
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    s = spec["settings"]
     on_gpu = _setup_distributed()
     stop = StopRequest(Path(spec["stop_file"]))
     signal.signal(signal.SIGTERM, stop.on_signal)
@@ -38,7 +37,7 @@ def main(spec_path: str) -> int:
         report.update(_results(trainer, result, stop))
         if spec["mode"] == "train" and not stop.requested:
             trainer.save_model(spec["final_dir"])  # ZeRO-3 gathers the 16-bit weights for this
-    except Exception as e:  # noqa: BLE001 - every failure is reported to the controller, then re-raised
+    except Exception as e:  # every failure is reported to the controller, then re-raised
         report.update(status="oom" if _is_oom(e) else "failed", error=f"{type(e).__name__}: {e}")
         if _is_oom(e):
             return _finish(spec, report, on_gpu, RANK_OOM_EXIT)

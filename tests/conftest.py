@@ -1,0 +1,56 @@
+"""Shared fixtures: an isolated environment and the real entrypoint as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_MODEL = REPO / "demo" / "tiny-qwen3"
+DEMO_DATA = REPO / "demo" / "chat.jsonl"
+
+
+def clean_environ(tmp_path: Path) -> dict[str, str]:
+    """The test process's environment without any SFT_* or Hub variable, caches under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SFT_", "HF_", "HUGGING"))}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+@pytest.fixture
+def isolated_env(monkeypatch, tmp_path):
+    """Every variable the job reads, cleared for this test (the job reads os.environ directly)."""
+    for key in list(os.environ):
+        if key.startswith(("SFT_", "HF_", "HUGGING")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+def demo_env(tmp_path: Path, **settings: object) -> dict[str, str]:
+    """An environment that runs the job on the demo model and data, with SFT_* overrides."""
+    env = clean_environ(tmp_path)
+    env.update(SFT_MODEL=str(DEMO_MODEL), SFT_DATASET=str(DEMO_DATA), SFT_OUTPUT_DIR=str(tmp_path / "out"))
+    env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def run_entrypoint(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python entrypoint.py ARGS` exactly as the image runs it, output captured."""
+    return subprocess.run([sys.executable, str(REPO / "entrypoint.py"), *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_summary(out: Path) -> dict:
+    return json.loads((out / "run" / "summary.json").read_text())
+
+
+def step_losses(summary: dict) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in summary["train"]["log_history"] if "loss" in e}

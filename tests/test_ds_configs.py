@@ -1,0 +1,74 @@
+"""Every shipped DeepSpeed config loads, matches the seed's, and DeepSpeed's own schema accepts it."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from sft import dsconfig
+
+# The seed guide's configs, verbatim (ds_zero2.json, ds_zero3.json, ds_zero3_offload.json).
+SEED_TAIL = {"gradient_clipping": "auto", "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+             "gradient_accumulation_steps": "auto"}
+SEED_ZERO2 = {"bf16": {"enabled": "auto"}, "zero_optimization": {
+    "stage": 2, "overlap_comm": True, "allgather_bucket_size": 2e8, "reduce_bucket_size": 2e8,
+    "contiguous_gradients": True}, **SEED_TAIL}
+SEED_ZERO3 = {"bf16": {"enabled": "auto"}, "zero_optimization": {
+    "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto",
+    "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+    "stage3_gather_16bit_weights_on_model_save": True}, **SEED_TAIL}
+SEED_OFFLOAD = copy.deepcopy(SEED_ZERO3)
+SEED_OFFLOAD["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                         "weight_decay": "auto"}}
+SEED_OFFLOAD["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+
+
+def _seed(stage: str) -> dict:
+    """The seed's config for each option; ZeRO-1 and offload-all as the seed says to derive them."""
+    if stage == "1":
+        config = copy.deepcopy(SEED_ZERO2)
+        config["zero_optimization"]["stage"] = 1  # "take ds_zero2.json and change the stage to 1"
+        return config
+    if stage == "3-offload-all":
+        config = copy.deepcopy(SEED_OFFLOAD)  # "add offload_param next to offload_optimizer"
+        config["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+        return config
+    return {"2": SEED_ZERO2, "3": SEED_ZERO3, "3-offload": SEED_OFFLOAD}[stage]
+
+
+@pytest.mark.parametrize("stage", sorted(dsconfig.FILES))
+def test_shipped_config_is_the_seeds(stage):
+    assert dsconfig.load(stage) == _seed(stage)
+    assert dsconfig.stage_of(dsconfig.load(stage)) == stage
+
+
+@pytest.mark.parametrize("stage", sorted(dsconfig.FILES))
+def test_deepspeed_schema_accepts_it(stage):
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    zero = {k: v for k, v in dsconfig.load(stage)["zero_optimization"].items() if v != "auto"}
+    parsed = DeepSpeedZeroConfig(**zero)
+    assert int(parsed.stage) == int(stage[0])
+
+
+def test_every_file_in_ds_configs_is_shipped_and_named_for_its_stage():
+    on_disk = {p.name for p in dsconfig.CONFIG_DIR.glob("*.json")}
+    assert on_disk == set(dsconfig.FILES.values())
+    for path in dsconfig.CONFIG_DIR.glob("*.json"):
+        json.loads(path.read_text())
+
+
+def test_pin_memory_off_keeps_everything_else():
+    config = dsconfig.load("3-offload-all")
+    unpinned = dsconfig.without_pinned_memory(config)
+    assert unpinned["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+    assert unpinned["zero_optimization"]["offload_param"]["pin_memory"] is False
+    unpinned["zero_optimization"]["offload_optimizer"]["pin_memory"] = True
+    unpinned["zero_optimization"]["offload_param"]["pin_memory"] = True
+    assert unpinned == config
+
+
+def test_escalation_order_uses_less_gpu_memory_each_time():
+    assert [dsconfig.next_stage(s) for s in dsconfig.ESCALATION] == ["2", "3", "3-offload", "3-offload-all", None]

@@ -1,0 +1,153 @@
+"""The whole job end to end: entrypoint.py as a subprocess, configured only by environment variables,
+two ranks on gloo through the real launcher, real DeepSpeed ZeRO, on the demo model and data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+
+pytestmark = pytest.mark.slow
+
+STAGES = ["1", "2", "3", "3-offload"]
+# One full epoch of the demo: 512 conversations / (2 ranks x micro-batch 1 x accumulation 4) = 64 steps.
+EPOCH_STEPS = 64
+JOB = dict(probe_steps=5, save_steps=20, save_total_limit=2, logging_steps=1, learning_rate=2e-3,
+           precision="fp32", seed=0)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """One full job per stage, shared by the tests below (each takes about a minute on 2 cores)."""
+    done = {}
+    for stage in STAGES:
+        tmp = tmp_path_factory.mktemp(f"zero{stage}")
+        result = run_entrypoint(demo_env(tmp, zero_stage=stage, **JOB))
+        done[stage] = (result, tmp / "out")
+    return done
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_probe_then_full_epoch(runs, stage):
+    result, out = runs[stage]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    probe = json.loads((out / "run" / "probe.json").read_text())
+    assert probe["steps"] == 5 and probe["world_size"] == 2 and len(probe["peak_reserved_gib"]) == 2
+    assert probe["tokens_per_second"] > 0 and probe["steps_per_epoch"] == EPOCH_STEPS
+    assert probe["total_steps"] == EPOCH_STEPS and probe["projected_hours"] >= 0
+    summary = read_summary(out)
+    assert summary["status"] == "done" and summary["stage"] == stage
+    assert summary["train"]["global_step"] == EPOCH_STEPS
+    assert (out / "run" / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_loss_goes_down(runs, stage):
+    losses = list(step_losses(read_summary(runs[stage][1])).values())
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.7 * first, (first, last)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_only_the_newest_checkpoints_remain(runs, stage):
+    out = runs[stage][1]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-60", "checkpoint-64"]
+    # the probe writes no checkpoint
+    assert not list((out / "run" / "probe").glob("checkpoint-*"))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_final_model_is_the_trained_weights(runs, stage, tmp_path):
+    """final/ reloads with transformers and gives the logits of the last checkpoint's fp32 weights."""
+    from transformers import AutoModelForCausalLM
+
+    out = runs[stage][1]
+    exported = tmp_path / "fp32"
+    result = run_entrypoint(demo_env(tmp_path), "export", str(out / "checkpoint-64"), str(exported))
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = AutoModelForCausalLM.from_pretrained(out / "final").eval()
+    reference = AutoModelForCausalLM.from_pretrained(exported).eval()
+    initial = AutoModelForCausalLM.from_pretrained(REPO / "demo" / "tiny-qwen3").eval()
+    ids = torch.randint(0, final.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want, before = final(ids).logits, reference(ids).logits, initial(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, before, atol=1e-3)  # it did train
+
+
+def test_stages_give_the_same_losses_in_fp32(runs):
+    reference = step_losses(read_summary(runs["2"][1]))
+    assert len(reference) == EPOCH_STEPS
+    for stage in STAGES:
+        losses = step_losses(read_summary(runs[stage][1]))
+        assert losses.keys() == reference.keys()
+        worst = max(abs(losses[k] - reference[k]) for k in reference)
+        assert worst < 1e-4, f"ZeRO {stage} differs from ZeRO-2 by {worst}"
+
+
+def test_second_start_of_a_finished_job_does_nothing(runs, tmp_path):
+    _, out = runs["2"]
+    before = {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()}
+    env = demo_env(tmp_path, zero_stage="2", **JOB)
+    env["SFT_OUTPUT_DIR"] = str(out)
+    result = run_entrypoint(env)
+    assert result.returncode == 0 and "already trained" in result.stdout
+    assert {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()} == before
+
+
+def _start(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "entrypoint.py")], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
+    """kill -9 of the whole job after a checkpoint; a second start resumes from it, same losses."""
+    env = demo_env(tmp_path, zero_stage="2", **JOB)
+    proc = _start(env)
+    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the VM dies: no handler runs
+    proc.wait()
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    summary = read_summary(tmp_path / "out")
+    resumed = int(Path(summary["resumed_from"]).name.split("-")[1])
+    assert resumed >= 20
+    reference, losses = step_losses(read_summary(runs["2"][1])), step_losses(summary)
+    after = [k for k in reference if k > resumed]
+    assert after and max(abs(losses[k] - reference[k]) for k in after) < 1e-4
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    env = demo_env(tmp_path, zero_stage="3", **JOB)
+    proc = _start(env)
+    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc)
+    os.kill(proc.pid, signal.SIGTERM)  # docker stop: the init forwards SIGTERM to the controller
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, output[-3000:]
+    summary = read_summary(tmp_path / "out")
+    assert summary["status"] == "stopped"
+    stopped_at = summary["train"]["global_step"]
+    assert 20 < stopped_at < EPOCH_STEPS
+    assert (tmp_path / "out" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
+    assert not (tmp_path / "out" / "final").exists()
+    # started again, the job resumes from that checkpoint and finishes
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert read_summary(tmp_path / "out")["resumed_from"].endswith(f"checkpoint-{stopped_at}")

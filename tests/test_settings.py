@@ -1,0 +1,143 @@
+"""Settings: every variable's good and bad values, unknown names, all problems at once, exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import DEMO_DATA, DEMO_MODEL, clean_environ, run_entrypoint
+from sft.settings import Settings, SettingsError, describe, from_env
+
+
+def test_no_variables_gives_the_seed_job(isolated_env):
+    s = from_env({})
+    assert (s.model, s.dataset, s.dataset_split) == ("Qwen/Qwen3-8B", "trl-lib/Capybara", "train")
+    assert (s.micro_batch, s.grad_accum, s.max_length, s.epochs) == (1, 4, 2048, 1.0)
+    assert (s.learning_rate, s.gradient_checkpointing, s.save_steps, s.save_total_limit) == (1e-5, True, 200, 2)
+    assert (s.zero_stage, s.probe_steps, s.max_steps) == ("3", 50, -1)
+
+
+GOOD = [
+    ("SFT_ZERO_STAGE", "3-offload", "zero_stage", "3-offload"),
+    ("SFT_ZERO_STAGE", "1", "zero_stage", "1"),
+    ("SFT_PROBE_STEPS", "0", "probe_steps", 0),
+    ("SFT_MAX_STEPS", "100", "max_steps", 100),
+    ("SFT_EPOCHS", "0.5", "epochs", 0.5),
+    ("SFT_MICRO_BATCH", "4", "micro_batch", 4),
+    ("SFT_GRAD_ACCUM", "8", "grad_accum", 8),
+    ("SFT_MAX_LENGTH", "4096", "max_length", 4096),
+    ("SFT_LEARNING_RATE", "2e-5", "learning_rate", 2e-5),
+    ("SFT_SAVE_STEPS", "50", "save_steps", 50),
+    ("SFT_SAVE_TOTAL_LIMIT", "3", "save_total_limit", 3),
+    ("SFT_GRADIENT_CHECKPOINTING", "false", "gradient_checkpointing", False),
+    ("SFT_GRADIENT_CHECKPOINTING", "1", "gradient_checkpointing", True),
+    ("SFT_SEED", "7", "seed", 7),
+    ("SFT_GPUS", "0,1,2,3", "gpus", "0,1,2,3"),
+    ("SFT_LAUNCHER", "deepspeed", "launcher", "deepspeed"),
+    ("SFT_PRICE_PER_HOUR", "23.5", "price_per_hour", 23.5),
+    ("SFT_MODEL", str(DEMO_MODEL), "model", str(DEMO_MODEL)),
+    ("SFT_DATASET", str(DEMO_DATA), "dataset", str(DEMO_DATA)),
+    ("SFT_DATASET", "HuggingFaceH4/ultrachat_200k", "dataset", "HuggingFaceH4/ultrachat_200k"),
+    ("SFT_HUB_REPO", "alice/qwen3-sft", "hub_repo", "alice/qwen3-sft"),
+]
+
+
+@pytest.mark.parametrize("var,raw,field,value", GOOD)
+def test_good_value(isolated_env, var, raw, field, value):
+    assert getattr(from_env({var: raw}), field) == value
+
+
+BAD = [
+    ("SFT_ZERO_STAGE", "4", "expected one of 1, 2, 3, 3-offload, 3-offload-all"),
+    ("SFT_PROBE_STEPS", "-1", "expected at least 0"),
+    ("SFT_PROBE_STEPS", "fifty", "expected a whole number"),
+    ("SFT_MAX_STEPS", "0", "expected -1 (full epochs) or a positive number"),
+    ("SFT_EPOCHS", "0", "expected more than 0"),
+    ("SFT_MICRO_BATCH", "0", "expected at least 1"),
+    ("SFT_GRAD_ACCUM", "1.5", "expected a whole number"),
+    ("SFT_LEARNING_RATE", "fast", "expected a number"),
+    ("SFT_GRADIENT_CHECKPOINTING", "maybe", "expected true or false"),
+    ("SFT_GPUS", "0,,1", "expected all, or GPU indices such as 0,1,2,3"),
+    ("SFT_GPUS", "1,1", "a GPU is listed twice"),
+    ("SFT_LAUNCHER", "mpirun", "expected one of torchrun, deepspeed"),
+    ("SFT_PRICE_PER_HOUR", "-3", "expected more than 0"),
+    ("SFT_MODEL", "./no/such/model", "no such file or folder"),
+    ("SFT_MODEL", "not a name!", "neither a local path nor a Hub name"),
+    ("SFT_DATASET", str(DEMO_MODEL / "chat_template.jinja"), "expected a .jsonl, .json, .parquet file"),
+    ("SFT_DS_CONFIG", "/nonexistent.json", "no such file"),
+    ("SFT_HUB_REPO", "just-a-name", "expected a repo id such as"),
+]
+
+
+@pytest.mark.parametrize("var,raw,message", BAD)
+def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message):
+    with pytest.raises(SettingsError) as e:
+        from_env({var: raw})
+    (problem,) = e.value.problems
+    assert problem.startswith(f"{var}={raw!r}: ")
+    assert message in problem
+
+
+def test_model_folder_without_config(isolated_env, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SettingsError, match="expected a model folder with config.json"):
+        from_env({"SFT_MODEL": str(tmp_path / "empty")})
+
+
+def test_user_ds_config_must_be_deepspeed_json(isolated_env, tmp_path):
+    bad = tmp_path / "ds.json"
+    bad.write_text("{not json")
+    with pytest.raises(SettingsError, match="not a readable JSON file"):
+        from_env({"SFT_DS_CONFIG": str(bad)})
+    bad.write_text(json.dumps({"train_batch_size": 8}))
+    with pytest.raises(SettingsError, match="zero_optimization"):
+        from_env({"SFT_DS_CONFIG": str(bad)})
+
+
+def test_unknown_variable_is_an_error_with_a_suggestion(isolated_env):
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_MICROBATCH": "2"})
+    assert e.value.problems == ["SFT_MICROBATCH: unknown setting (did you mean SFT_MICRO_BATCH?)"]
+
+
+def test_every_problem_is_reported_at_once(isolated_env):
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_ZERO_STAGE": "9", "SFT_EPOCHS": "x", "SFT_LERNING_RATE": "1", "SFT_SEED": "-2"})
+    assert len(e.value.problems) == 4
+
+
+def test_every_setting_is_documented():
+    rows = describe()
+    assert len(rows) == len(Settings.__dataclass_fields__)
+    assert all(var.startswith("SFT_") and help for var, _, help in rows)
+
+
+def test_bad_settings_exit_2_and_write_nothing(tmp_path):
+    out = tmp_path / "out"
+    env = clean_environ(tmp_path)
+    env.update(SFT_OUTPUT_DIR=str(out), SFT_ZERO_STAGE="4", SFT_MICRO_BATCH="none", SFT_TYPO="1")
+    result = run_entrypoint(env)
+    assert result.returncode == 2, result.stderr
+    assert "SFT_ZERO_STAGE='4': expected one of" in result.stderr
+    assert "SFT_MICRO_BATCH='none': expected a whole number" in result.stderr
+    assert "SFT_TYPO: unknown setting" in result.stderr
+    assert not out.exists()
+
+
+def test_help_lists_every_variable(tmp_path):
+    result = run_entrypoint(clean_environ(tmp_path), "--help")
+    assert result.returncode == 0
+    for var, default, _ in describe():
+        assert f"{var} [{default}]" in result.stdout
+    assert "HF_TOKEN" in result.stdout and "143 STOPPED" in result.stdout
+
+
+def test_config_prints_the_stage_file(tmp_path):
+    env = clean_environ(tmp_path)
+    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL))
+    result = run_entrypoint(env, "config")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["settings"]["zero_stage"] == "3-offload"
+    assert printed["deepspeed"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
