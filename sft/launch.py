@@ -66,9 +66,11 @@ def free_port() -> int:
 def command(s: Settings, ranks: Ranks, spec_path: Path, port: int) -> list[str]:
     """The launcher command line, as the seed writes it by hand."""
     if s.launcher == "deepspeed":
-        include = ",".join(map(str, ranks.gpus)) if ranks.on_gpu else ",".join(map(str, range(ranks.count)))
-        return [shutil.which("deepspeed") or "deepspeed", "--include", f"localhost:{include}",
-                "--master_port", str(port), "--module", "sft.train", str(spec_path)]
+        # On CPU DeepSpeed's accelerator counts one device, so --include would refuse a second slot.
+        where = ["--include", "localhost:" + ",".join(map(str, ranks.gpus))] if ranks.on_gpu else [
+            "--num_gpus", str(ranks.count)]
+        return [shutil.which("deepspeed") or "deepspeed", *where, "--master_port", str(port),
+                "--module", "sft.train", str(spec_path)]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks.count}",
             "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "sft.train", str(spec_path)]
 

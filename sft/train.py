@@ -186,4 +186,5 @@ def _finish(spec: dict, report: dict, on_gpu: bool, code: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    # The deepspeed launcher adds --local_rank=N (also in LOCAL_RANK, which is what the Trainer reads).
+    sys.exit(main(next(a for a in sys.argv[1:] if not a.startswith("--"))))

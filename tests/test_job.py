@@ -151,3 +151,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     result = run_entrypoint(env)
     assert result.returncode == 0, result.stdout[-3000:]
     assert read_summary(tmp_path / "out")["resumed_from"].endswith(f"checkpoint-{stopped_at}")
+
+
+def test_deepspeed_launcher_runs_the_job(tmp_path):
+    """SFT_LAUNCHER=deepspeed: the seed's first launcher, same job, same reports."""
+    result = run_entrypoint(demo_env(tmp_path, launcher="deepspeed", zero_stage="2", probe_steps=3, max_steps=4,
+                                     save_steps=4))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "deepspeed --num_gpus 2" in result.stdout
+    summary = read_summary(tmp_path / "out")
+    assert summary["status"] == "done" and summary["train"]["global_step"] == 4
+    assert len(summary["probe"]["peak_reserved_gib"]) == 2
