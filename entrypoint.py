@@ -69,11 +69,21 @@ def probe() -> None:
 
 @cli.command()
 def config() -> None:
-    """Print the resolved settings and the DeepSpeed JSON the Trainer will be given."""
+    """Print the resolved settings and the DeepSpeed JSON the Trainer will use, "auto" values filled."""
+    from transformers import AutoConfig
+
     from sft import dsconfig
+    from sft.launch import detect_ranks
+    from sft.train import trainer_arguments
 
     s = load_settings()
-    click.echo(json.dumps({"settings": s.to_dict(), "deepspeed": dsconfig.load(s.zero_stage, s.ds_config)}, indent=2))
+    ranks = detect_ranks(s)
+    args = trainer_arguments(s.to_dict(), "train", s.output_dir, None, s.max_steps, ranks.on_gpu,
+                             in_rank=False)
+    # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
+    filled = dsconfig.filled(dsconfig.load(s.zero_stage, s.ds_config), args, ranks.count,
+                             AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
+    click.echo(json.dumps({"settings": s.to_dict(), "ranks": ranks.count, "deepspeed": filled}, indent=2))
 
 
 @cli.command()

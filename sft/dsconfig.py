@@ -58,3 +58,26 @@ def write(config: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2) + "\n")
     return path
+
+
+def filled(config: dict[str, Any], args: Any, world_size: int, model_config: Any, total_steps: int) -> dict[str, Any]:
+    """The config with every "auto" filled as the Trainer fills it, by transformers' own code.
+
+    `args` is the run's SFTConfig made without a DeepSpeed config (so no process group starts here);
+    its world size is this process's, so the run's is given.
+    """
+    from types import SimpleNamespace
+
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    class _RunArgs:
+        def __init__(self):
+            self.world_size = world_size
+
+        def __getattr__(self, name):
+            return getattr(args, name)
+
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    hf.trainer_config_process(_RunArgs())
+    hf.trainer_config_finalize(_RunArgs(), SimpleNamespace(config=model_config), total_steps)
+    return hf.config

@@ -59,23 +59,21 @@ def _setup_distributed() -> bool:
     return False
 
 
-def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
-    """SFTTrainer with the seed's arguments, filled from the resolved settings."""
-    from trl import SFTConfig, SFTTrainer
+def trainer_arguments(s: dict, mode: str, output_dir: str, ds_config: str | None, max_steps: int, on_gpu: bool,
+                      in_rank: bool = True):
+    """SFTConfig with the seed's arguments, filled from the resolved settings (also used by `config`)."""
+    from trl import SFTConfig
 
-    from .data import load_conversations
-
-    s = spec["settings"]
     bf16 = s["precision"] == "bf16" or (s["precision"] == "auto" and on_gpu)
-    probe = spec["mode"] == "probe"
-    config = SFTConfig(
-        output_dir=spec["trainer_output_dir"],
-        deepspeed=spec["ds_config"],  # set before the model loads, so ZeRO-3 shards it while loading
+    probe = mode == "probe"
+    return SFTConfig(
+        output_dir=output_dir,
+        deepspeed=ds_config,  # set before the model loads, so ZeRO-3 shards it while loading
         per_device_train_batch_size=s["micro_batch"],
         gradient_accumulation_steps=s["grad_accum"],
         max_length=s["max_length"],
         num_train_epochs=s["epochs"],
-        max_steps=spec["max_steps"],
+        max_steps=max_steps,
         learning_rate=s["learning_rate"],
         bf16=bf16,
         gradient_checkpointing=s["gradient_checkpointing"],
@@ -88,8 +86,20 @@ def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
         data_seed=s["seed"],
         report_to="none",
         model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
-        accelerator_config={"use_configured_state": not on_gpu},
+        # On CPU ranks the gloo state made in _setup_distributed must be used (FACTS.md).
+        accelerator_config={"use_configured_state": in_rank and not on_gpu},
     )
+
+
+def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
+    """SFTTrainer on the run's data, with a callback that times steps and watches for a stop."""
+    from trl import SFTTrainer
+
+    from .data import load_conversations
+
+    s = spec["settings"]
+    config = trainer_arguments(s, spec["mode"], spec["trainer_output_dir"], spec["ds_config"], spec["max_steps"],
+                               on_gpu)
     dataset = load_conversations(s["dataset"], s["dataset_split"])
     callback = ProgressCallback(stop, report)
     trainer = SFTTrainer(model=s["model"], args=config, train_dataset=dataset, callbacks=[callback])
@@ -98,6 +108,11 @@ def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
     batches = len(trainer.get_train_dataloader())
     report["steps_per_epoch"] = max(math.ceil(batches / s["grad_accum"]), 1)
     report["conversations"] = len(dataset)
+    if int(os.environ.get("RANK", "0")) == 0:
+        # What DeepSpeed was given, "auto" values filled by the Trainer (the rest fill at deepspeed_init).
+        Path(spec["report_dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(spec["report_dir"]) / f"{spec['mode']}-ds_config.json").write_text(
+            json.dumps(config.hf_deepspeed_config.config, indent=2, default=str))
     return trainer
 
 

@@ -345,6 +345,7 @@ class Uploader:
         self._failures, self._delay = 0, self.interval_s
         self._refused: set[int] = set()  # steps never to try again (a file holds the token)
         self._prepared: _Prepared | None = None
+        self._purge_unsupported = False  # the endpoint answered 404: a Hub without it (the local test one)
         self._records: list[dict[str, Any]] = []
         self.last_error: str | None = None
 
@@ -502,6 +503,24 @@ class Uploader:
         with self._cond:
             self._hub_steps = [s for s in self._hub_steps if s not in doomed]
         self._log(f"deleted {names} from the Hub (it keeps {', '.join(f'checkpoint-{s}' for s in kept)})")
+        self._free_storage()
+
+    def _free_storage(self) -> None:
+        """Purge the LFS objects that only deleted checkpoints used: a deleted file stays in history, and billed."""
+        if self._purge_unsupported:
+            return
+        try:
+            head = {item.lfs.sha256 for item in self.api.list_repo_tree(self.repo, recursive=True)
+                    if getattr(item, "lfs", None) is not None}
+            orphans = [f for f in self.api.list_lfs_files(self.repo)
+                       if STEP_DIR.match(f.filename or "") and f.file_oid not in head]
+            if orphans:
+                self.api.permanently_delete_lfs_files(self.repo, orphans)
+                self._log(f"freed {size_text(sum(f.size for f in orphans))} of deleted checkpoints' files")
+        except Exception as e:  # noqa: BLE001 - storage is freed at a later deletion; uploads go on
+            self._purge_unsupported = http_status(e) in (404, 405, 501)
+            self._log(f"warning: could not free the storage of deleted checkpoints ({redact(short_error(e), self.api.token)}"
+                      "): their files stay in the repo's history and count against its storage")
 
     def _failed(self, e: Exception) -> None:
         """Log a failed round, and set when the next one runs: backoff, sooner while flushing, never before a 429 allows."""

@@ -133,11 +133,17 @@ def test_help_lists_every_variable(tmp_path):
     assert "HF_TOKEN" in result.stdout and "143 STOPPED" in result.stdout
 
 
-def test_config_prints_the_stage_file(tmp_path):
+def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     env = clean_environ(tmp_path)
-    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL))
+    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_MICRO_BATCH="2", SFT_OUTPUT_DIR=str(
+        tmp_path / "out"))
     result = run_entrypoint(env, "config")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
-    assert printed["settings"]["zero_stage"] == "3-offload"
-    assert printed["deepspeed"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    ds = printed["deepspeed"]
+    assert printed["settings"]["zero_stage"] == "3-offload" and printed["ranks"] == 2
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert '"auto"' not in json.dumps(ds)
+    assert ds["train_batch_size"] == 2 * 2 * 4 and ds["optimizer"]["params"]["lr"] == 1e-5
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # hidden_size**2, as the Trainer fills it
+    assert not (tmp_path / "out").exists()
