@@ -44,6 +44,10 @@ SDPA_REPEATS_KV = True  # Transformers' SDPA path copies k, v to every query hea
 ATTN_OUT_SAVED = 2  # attention output (saved by SDPA) + its transposed contiguous copy (o_proj's input)
 MLP_SAVED = 4  # SwiGLU, per intermediate element: gate, silu(gate), up, silu(gate)*up (down_proj's input)
 CKPT_LIVE_LAYERS = 1  # checkpointing: layers whose full activations exist at once (the one recomputed)
+# Measured on one H200 (torch 2.11, transformers 5.17, SDPA, Qwen3-4B shape, 2,048 tokens, bf16), the
+# forward's saved memory per token and layer: 83,092 elements without an attention mask (this formula
+# with SDPA_REPEATS_KV False: 83,968), 93,332 with a padding mask (formula: 90,112), and 2,560 = h
+# with gradient checkpointing (formula: h).
 
 # --- Logits. TRL 1.16's SFTTrainer computes the loss through a fused LM head (trl/kernels/chunked_logprob)
 # that never builds the [tokens, vocab] logits: it projects [4096 tokens, 32768 vocab] tiles and, in
@@ -115,6 +119,7 @@ class Setup:
 
     @property
     def total_gpus(self) -> int:
+        """GPUs in the whole job."""
         return self.gpus_per_node * self.nodes
 
     @property
@@ -141,11 +146,13 @@ class Row:
 
     @property
     def peak(self) -> int:
+        """The predicted peak per GPU: the sum of the terms."""
         return (self.model_states + self.activations + self.logits + self.buckets
                 + self.optimizer_step + self.margin)
 
     @property
     def fits(self) -> bool:
+        """Fits the GPU, and the host where that was checked."""
         return self.fits_gpu and self.fits_host is not False
 
 
@@ -160,6 +167,7 @@ class Plan:
     reason: str
 
     def row(self, option: str) -> Row:
+        """The row of one option ("1" ... "3-offload-all")."""
         return next(r for r in self.rows if r.option == option)
 
     def to_dict(self) -> dict[str, Any]:
@@ -329,13 +337,14 @@ def estimate_row(option: str, shape: ModelShape, setup: Setup, ds_config: Mappin
 def _why(option: str, peak: int, host: int, fits_gpu: bool, fits_host: bool | None, setup: Setup) -> str:
     gpu = (f"{_gib(peak):.2f} GiB per GPU of {_gib(setup.gpu_budget):.2f} allowed "
            f"({setup.gpu_memory_gib:g} less {GPU_FREE_FRACTION:.0%} kept free)")
-    parts = [("fits: " if fits_gpu else "too big for the GPU: ") + gpu]
     if fits_host is False:
-        parts.append(f"needs {_gib(host):.2f} GiB of host RAM per node (DeepSpeed's estimate), "
-                     f"{setup.host_memory_gib:g} available")
-    elif "offload" in option and fits_host is None:
-        parts.append(f"needs {_gib(host):.2f} GiB of host RAM per node; host RAM not given, not checked")
-    return "; ".join(parts)
+        verdict = "fits the GPU, " if fits_gpu else "too big for the GPU and the host: "
+        return (f"{verdict}{gpu}, but needs {_gib(host):.2f} GiB of host RAM per node (DeepSpeed's estimate), "
+                f"{setup.host_memory_gib:g} available")
+    why = ("fits: " if fits_gpu else "too big for the GPU: ") + gpu
+    if "offload" in option and fits_host is None:
+        why += f"; needs {_gib(host):.2f} GiB of host RAM per node; host RAM not given, not checked"
+    return why
 
 
 def choose(rows: tuple[Row, ...], setup: Setup) -> tuple[str | None, str]:
@@ -344,7 +353,7 @@ def choose(rows: tuple[Row, ...], setup: Setup) -> tuple[str | None, str]:
     for option in PREFERENCE:
         r = by_option.get(option)
         if r is not None and r.fits:
-            return option, f"{label(option)}: the lowest option that fits ({r.why})"
+            return option, f"{label(option)}, the lowest option that {r.why}"
     gpus = f"{setup.total_gpus} x {setup.gpu_memory_gib:g} GiB"
     host = "" if setup.host_memory_gib is None else f" with {setup.host_memory_gib:g} GiB of host RAM"
     return None, f"nothing fits on {gpus}{host}: " + " | ".join(f"{label(r.option)}: {r.why}" for r in rows)

@@ -297,10 +297,10 @@ def _allreduce_worker(rank: int, world: int, port: int, backend: str, numel: int
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend, rank=rank, world_size=world)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before NCCL starts, so each rank owns its GPU
+    dist.init_process_group(backend, rank=rank, world_size=world)
     x = torch.ones(numel, dtype=torch.float32, device=device)
     for _ in range(2):  # warm-up: NCCL sets up its rings on the first call
         dist.all_reduce(x)

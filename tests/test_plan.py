@@ -1,0 +1,204 @@
+"""The memory planner on CPU: DeepSpeed's own figures, the extra terms, the rule and the JSON."""
+
+import json
+from pathlib import Path
+
+import pytest
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+from transformers import Qwen3Config
+
+from sft import plan as P
+
+GIB = 2**30
+# Qwen3's published shapes (config.json on the Hub), written out so no download is needed.
+QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False}
+QWEN3_4B = {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True}
+Q8 = P.ModelShape("Qwen3-8B", 8_190_735_360, 622_329_856, 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True)
+Q4 = P.ModelShape("Qwen3-4B", 4_022_468_096, 388_956_160, 2560, 9728, 36, 32, 8, 128, 151936, qk_norm=True)
+TINY = P.ModelShape("tiny", 120_000, 32_000, 64, 128, 2, 4, 2, 16, 500)
+# What each card reports to torch (total_memory / 2**30): A100 80GB about 79.25 GiB (nvidia-smi
+# says 81,920 MiB), L40S about 44.4 GiB with ECC on (nvidia-smi: 46,068 MiB); the CUDA context is a
+# separate term of the plan, so the smaller, torch figure is the one to compare with.
+A100_80GB, L40S_48GB, H200 = 79.25, 44.4, 139
+
+
+def _config_dir(tmp_path: Path, name: str, shape: dict) -> str:
+    folder = tmp_path / name
+    Qwen3Config(**shape).save_pretrained(folder)  # config.json only, no weights
+    return str(folder)
+
+
+def test_seed_figures_for_qwen3_8b_on_8_gpus():
+    p = P.plan_from_shape(Q8, gpus_per_node=8, gpu_memory_gib=A100_80GB)
+    options = {o["option"]: o for o in p.to_dict()["options"]}
+    assert options["2"]["model_states"] == 32.42
+    assert options["3"]["model_states"] == 19.48
+
+
+@pytest.mark.parametrize("shape", [Q8, Q4, TINY], ids=lambda s: s.name)
+@pytest.mark.parametrize("gpus,nodes", [(1, 1), (2, 1), (4, 1), (8, 1), (8, 2)])
+def test_model_states_are_deepspeeds(shape, gpus, nodes):
+    p = P.plan_from_shape(shape, gpus, 80, nodes=nodes)
+    n, ll = shape.total_params, shape.largest_layer_params
+    cpu2, gpu2 = estimate_zero2_model_states_mem_needs(n, gpus, nodes, cpu_offload=False)
+    expected = {
+        "2": (gpu2, cpu2),
+        "3": estimate_zero3_model_states_mem_needs(n, ll, gpus, nodes, cpu_offload=False)[1::-1],
+        "3-offload": estimate_zero3_model_states_mem_needs(n, ll, gpus, nodes, cpu_offload_params=False)[1::-1],
+        "3-offload-all": estimate_zero3_model_states_mem_needs(n, ll, gpus, nodes)[1::-1],
+    }
+    for option, (gpu, host) in expected.items():
+        assert (p.row(option).model_states, p.row(option).host) == (gpu, host), option
+    # ZeRO-1: ZeRO-2's figure with the 16-bit gradients whole on every GPU instead of sharded
+    zero1 = p.row("1")
+    assert zero1.model_states == gpu2 + 2 * n - int(2 * n / (gpus * nodes))
+    assert zero1.host == cpu2
+    if gpus * nodes == 1:
+        assert zero1.model_states == gpu2  # one GPU shards nothing
+
+
+def test_model_shape_from_config_json(tmp_path):
+    q8 = P.model_shape(_config_dir(tmp_path, "q8", QWEN3_8B))
+    assert (q8.total_params, q8.largest_layer_params) == (Q8.total_params, Q8.largest_layer_params)
+    assert q8.qk_norm and (q8.hidden_size, q8.num_kv_heads, q8.head_dim, q8.vocab_size) == (4096, 8, 128, 151936)
+    q4 = P.model_shape(_config_dir(tmp_path, "q4", QWEN3_4B))
+    # tied embeddings count once, as DeepSpeed's estimator wants
+    assert (q4.total_params, q4.largest_layer_params) == (Q4.total_params, Q4.largest_layer_params)
+
+
+def test_plan_reads_a_model_folder(tmp_path):
+    folder = _config_dir(tmp_path, "q8", QWEN3_8B)
+    from_folder = P.plan(folder, gpus_per_node=8, gpu_memory_gib=A100_80GB)
+    from_numbers = P.plan_from_shape(Q8, gpus_per_node=8, gpu_memory_gib=A100_80GB)
+    assert from_folder.rows == from_numbers.rows and from_folder.choice == "2"
+
+
+@pytest.mark.parametrize("memory", [A100_80GB, 80.0])  # torch's and nvidia-smi's figures
+def test_seed_card_8x_a100_80gb_picks_zero2(memory):
+    p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True)
+    assert p.choice == "2"
+    assert p.row("1").fits  # ZeRO-1 fits too, but holds more for the same traffic
+    assert p.reason.startswith("ZeRO-2, the lowest option that fits: 47.54 GiB per GPU of ")
+
+
+@pytest.mark.parametrize("memory", [L40S_48GB, 44.99])
+def test_seed_card_8x_l40s_48gb_picks_zero3(memory):
+    p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True)
+    assert p.choice == "3"
+    assert not p.row("2").fits_gpu and "too big for the GPU" in p.row("2").why
+
+
+def test_only_offload_fits_a_small_gpu():
+    p = P.plan_from_shape(Q8, 8, 16, host_memory_gib=256)
+    assert p.choice == "3-offload"
+    assert [r.option for r in p.rows if r.fits] == ["3-offload", "3-offload-all"]
+    p = P.plan_from_shape(Q4, 1, 8, host_memory_gib=128)
+    assert p.choice == "3-offload-all"
+
+
+def test_host_too_small_for_offload_means_nothing_fits():
+    p = P.plan_from_shape(Q8, 8, 16, host_memory_gib=64)
+    assert p.choice is None
+    assert p.row("3-offload").fits_gpu and p.row("3-offload").fits_host is False
+    assert p.reason.startswith("nothing fits on 8 x 16 GiB with 64 GiB of host RAM")
+    assert ("ZeRO-3-offload: fits the GPU, 10.87 GiB per GPU of 14.40 allowed (16 less 10% kept free), but needs "
+            "183.08 GiB of host RAM per node (DeepSpeed's estimate), 64 available") in p.reason
+
+
+def test_host_not_given_is_not_checked():
+    p = P.plan_from_shape(Q8, 8, 16)
+    assert p.choice == "3-offload" and p.row("3-offload").fits_host is None
+    assert "host RAM not given, not checked" in p.row("3-offload").why
+
+
+def test_json_shape():
+    p = P.plan_from_shape(Q8, 8, A100_80GB, host_memory_gib=1000)
+    d = json.loads(p.to_json())
+    assert set(d) == {"model", "setup", "options", "choice", "reason"}
+    assert d["choice"] == "2" and d["model"]["total_params"] == 8_190_735_360
+    assert d["setup"]["gpu_budget"] == 71.32  # 79.25 GiB less 10% kept free
+    assert [o["option"] for o in d["options"]] == ["1", "2", "3", "3-offload", "3-offload-all"]
+    sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "margin", "peak", "host"]
+    for o in d["options"]:
+        assert set(o) == set(sizes) | {"option", "fits_gpu", "fits_host", "fits", "why"}
+        assert all(isinstance(o[k], float) and o[k] == round(o[k], 2) for k in sizes)
+        terms = sum(o[k] for k in sizes[:-2])
+        assert abs(o["peak"] - terms) <= 0.05  # each term rounded on its own
+    assert d["options"][3]["fits_host"] is True and d["options"][1]["fits_host"] is None
+
+
+def test_activation_terms():
+    # per token and layer, Qwen3-8B: norms 6h, q/k norms 3(q+kv), q, k and v at every head, output x2, 4i
+    assert P.layer_activation_elements(Q8) == 6 * 4096 + 3 * 5120 + 4096 + 2 * 4096 + 2 * 4096 + 4 * 12288
+    layer = P.layer_activation_elements(Q8) * 2048 * 2
+    assert P.activation_bytes(Q8, 1, 2048, gradient_checkpointing=False) == 36 * layer
+    assert P.activation_bytes(Q8, 1, 2048, gradient_checkpointing=True) == 36 * 2048 * 4096 * 2 + layer
+    assert P.activation_bytes(Q8, 4, 2048, True) == 4 * P.activation_bytes(Q8, 1, 2048, True)
+
+
+def test_logits_terms():
+    tokens = 2048
+    # the full logits (the brief's formula): bf16 logits about 0.58 GiB per 2,048-token sequence, + fp32
+    assert P.logits_bytes(Q8, 1, tokens, fused=False) == 151936 * tokens * (2 + 4 + 4)
+    assert round(151936 * tokens * 2 / GIB, 2) == 0.58
+    # TRL's fused head: one bf16 tile, the LM head's fp32 gradient and its bf16 copy, the hidden gradient
+    fused = 2048 * 32768 * 2 + 151936 * 4096 * 6 + tokens * 4096 * 6
+    assert P.logits_bytes(Q8, 1, tokens) == fused
+
+
+def test_bucket_terms_follow_the_config():
+    # the Transformers docs: 2e8 buckets with overlap_comm "would require 3.6GB"
+    assert P.bucket_bytes("2", 4096, P.SEED_ZERO["2"]) == 3_600_000_000
+    assert P.bucket_bytes("2", 4096, {"overlap_comm": False, "reduce_bucket_size": 2e8,
+                                      "allgather_bucket_size": 2e8}) == 800_000_000
+    h2 = 4096 * 4096  # Transformers' "auto": reduce h^2, prefetch 0.9 h^2
+    assert P.bucket_bytes("3", 4096, P.SEED_ZERO["3"]) == (h2 + int(0.9 * h2)) * 2 * 2
+    assert P.bucket_bytes("3", 4096, {}) == (int(5e8) + int(5e7)) * 2 * 2  # DeepSpeed's defaults
+
+
+def test_shipped_configs_give_the_seed_buckets():
+    folder = Path(__file__).resolve().parent.parent / "ds_configs"
+    files = {"1": "zero1.json", "2": "zero2.json", "3": "zero3.json", "3-offload": "zero3_offload.json",
+             "3-offload-all": "zero3_offload_all.json"}
+    if not all((folder / f).is_file() for f in files.values()):
+        pytest.skip("ds_configs/ not complete in this checkout")
+    configs = {o: json.loads((folder / f).read_text()) for o, f in files.items()}
+    shipped = P.plan_from_shape(Q8, 8, A100_80GB, ds_configs=configs)
+    assert shipped.rows == P.plan_from_shape(Q8, 8, A100_80GB).rows
+
+
+def test_predictions_cover_the_measured_peaks():
+    # FACTS.md, one H200, Qwen3-4B, 2,048 tokens: peak reserved GiB (no CUDA context in it)
+    runs = [("3", {}, 67.5), ("2", {}, 97.4), ("2", {"gradient_checkpointing": False}, 98.2),
+            ("2", {"gradient_checkpointing": False, "micro_batch": 2}, 112.1), ("3-offload", {}, 13.1)]
+    for option, kw, measured in runs:
+        row = P.plan_from_shape(Q4, 1, H200, **kw).row(option)
+        predicted = row.peak / GIB - P.CUDA_CONTEXT_GIB
+        assert measured <= predicted <= measured * 1.25, (option, kw, predicted, measured)
+
+
+def test_bad_numbers_are_all_reported():
+    with pytest.raises(ValueError) as e:
+        P.plan_from_shape(Q8, gpus_per_node=0, gpu_memory_gib=0, micro_batch=0)
+    assert str(e.value) == ("gpus_per_node=0: expected at least 1; micro_batch=0: expected at least 1; "
+                            "gpu_memory_gib=0: expected more than 0")
+
+
+def test_format_table():
+    text = P.format_table(P.plan_from_shape(Q8, 8, L40S_48GB))
+    assert "Qwen3-8B: 8,190,735,360 parameters, largest layer 622,329,856" in text
+    lines = text.splitlines()
+    zero2 = next(line for line in lines if line.startswith("ZeRO-2 "))
+    assert zero2.split()[1] == "32.42" and zero2.endswith("no")
+    assert next(line for line in lines if line.startswith("ZeRO-3 ")).split()[1] == "19.48"
+    assert "choice: ZeRO-3" in lines
+
+
+def test_activation_formula_against_the_h200_measurement(monkeypatch):
+    # elements saved per token and layer, Qwen3-4B shape, measured on one H200 (see plan.py)
+    assert abs(P.layer_activation_elements(Q4) - 93_332) / 93_332 < 0.05  # a padding mask: k, v repeated
+    monkeypatch.setattr(P, "SDPA_REPEATS_KV", False)  # the tunable constant, not the code under test
+    assert abs(P.layer_activation_elements(Q4) - 83_092) / 83_092 < 0.05  # no mask: GQA inside SDPA

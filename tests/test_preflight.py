@@ -1,0 +1,243 @@
+"""Preflight checks on CPU: each one handed a machine that fails it, and its message."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sft import preflight as pf
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 2**30
+QWEN3_8B_PARAMS = 8_190_735_360
+
+TOPO_NVLINK = """\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV18\tNV18\tNV18\t0-47\t0\t\tN/A
+GPU1\tNV18\t X \tNV18\tNV18\t0-47\t0\t\tN/A
+GPU2\tNV18\tNV18\t X \tNV18\t48-95\t1\t\tN/A
+GPU3\tNV18\tNV18\tNV18\t X \t48-95\t1\t\tN/A
+
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+TOPO_PCIE = """\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNODE\tSYS\tPIX\t0-31\t0\t\tN/A
+GPU1\tNODE\t X \tSYS\tNODE\t0-31\t0\t\tN/A
+GPU2\tSYS\tSYS\t X \tSYS\t32-63\t1\t\tN/A
+NIC0\tPIX\tNODE\tSYS\t X \t\t\t\t
+
+Legend:
+
+  X    = Self
+"""
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 1 MiB filesystem: a full disk, or Docker's too-small /dev/shm."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=False,
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def _script(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+# --- GPUs
+
+
+def test_no_gpu_is_cpu_ranks():
+    c = pf.check_gpus([])
+    assert (c.status, c.message) == ("info", "no GPU: CPU ranks (gloo)")
+
+
+def test_gpus_found_fewer_than_wanted_and_mixed():
+    h200 = ("NVIDIA H200", int(139.8 * GIB))
+    ok = pf.check_gpus([h200] * 8, wanted=8)
+    assert (ok.status, ok.message) == ("ok", "8 x NVIDIA H200, 139.80 GiB")
+    assert ok.data == {"count": 8, "names": ["NVIDIA H200"], "memory_gib": 139.8}
+    few = pf.check_gpus([h200] * 4, wanted=8)
+    assert few.status == "fail" and few.message.startswith("asked for 8 GPUs, 4 visible")
+    mixed = pf.check_gpus([h200, ("NVIDIA L40S", int(44.4 * GIB))])
+    assert mixed.status == "warn" and "the plan uses the smallest" in mixed.message
+
+
+# --- nvcc and CPU Adam
+
+
+def test_no_nvcc_on_the_path(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    found = pf.nvcc_version(path=str(empty), cuda_home="", default_cuda_dir=str(tmp_path / "no-cuda"))
+    assert found is None
+    c = pf.check_nvcc(found, "13.0", offload=True, has_gpu=True)
+    assert c.status == "fail"
+    assert c.message == ("no nvcc: DeepSpeed's CPU Adam (optimizer offload) cannot build; the offload config needs "
+                         "it. Install the CUDA toolkit or use the CUDA devel image")
+    assert pf.check_nvcc(found, "13.0", offload=False, has_gpu=True).status == "warn"
+    assert pf.check_nvcc(found, None, offload=True, has_gpu=False).status == "info"
+
+
+def test_nvcc_of_another_cuda_major(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir, "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    found = pf.nvcc_version(path=str(bin_dir), cuda_home="", default_cuda_dir=str(tmp_path / "no-cuda"))
+    assert found == "12.4"
+    c = pf.check_nvcc(found, "13.0", offload=True, has_gpu=True)
+    assert c.status == "fail" and c.message.startswith("nvcc is CUDA 12.4, torch was built for CUDA 13.0")
+    assert pf.check_nvcc(found, "12.8", offload=True, has_gpu=True).status == "ok"
+
+
+def test_cuda_home_wins_over_path(tmp_path):
+    for name, release in (("home", "13.0"), ("path", "12.4")):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        _script(tmp_path / name / "bin", "nvcc", f"#!/bin/sh\necho 'release {release}, V{release}.1'\n")
+    found = pf.nvcc_version(path=str(tmp_path / "path" / "bin"), cuda_home=str(tmp_path / "home"))
+    assert found == "13.0"
+
+
+def test_cpu_adam_on_this_machine_and_when_incompatible():
+    compatible, prebuilt, cached = pf.cpu_adam_facts()
+    assert compatible  # g++ is here; nothing was built by asking
+    c = pf.check_cpu_adam(compatible, prebuilt, cached, offload=True)
+    assert c.status in ("ok", "info") and c.message.startswith("CPU Adam compatible")
+    bad = pf.check_cpu_adam(False, False, False, offload=True)
+    assert bad.status == "fail" and "optimizer offload cannot run" in bad.message
+    assert pf.check_cpu_adam(False, False, False, offload=False).status == "warn"
+
+
+# --- memlock, /dev/shm, host RAM, disk
+
+
+def test_low_memlock_turns_pin_memory_off():
+    c = pf.check_memlock(64 * 1024, offload=True, pinned_bytes=183 * GIB)
+    assert c.status == "warn" and c.data == {"pin_memory": False}
+    assert c.message.startswith("ulimit -l is 64 KiB: offload pins the optimizer state in host memory (about "
+                                "183.0 GiB here)")
+    assert c.message.endswith("docker run --ulimit memlock=-1")
+    assert pf.pin_memory([c]) is False
+    assert pf.check_memlock(None, offload=True).data == {"pin_memory": True}
+    assert pf.check_memlock(64 * 1024, offload=False).status == "ok"
+
+
+def test_low_memlock_measured_in_a_shell_with_ulimit():
+    code = ("from sft import preflight as pf; c = pf.check_memlock(pf.memlock_limit(), offload=True); "
+            "print(c.status, c.data['pin_memory'], c.message.split(':')[0])")
+    out = subprocess.run(["bash", "-c", f"ulimit -l 64 && {sys.executable} -c \"{code}\""], cwd=REPO, check=False,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.stdout.strip().splitlines()[-1] == "warn False ulimit -l is 64 KiB", out.stderr
+
+
+def test_small_shm_fails_with_several_gpus(tiny_tmpfs):
+    size = pf.shm_size(str(tiny_tmpfs))
+    assert size == 2**20
+    c = pf.check_shm(size, gpus=8)
+    assert c.status == "fail"
+    assert c.message == ("/dev/shm is 1 MiB, too small for NCCL across 8 GPUs (Docker's default is 64 MB): run the "
+                         "container with --shm-size=16g or --ipc=host")
+    assert pf.check_shm(size, gpus=1).status == "ok"
+    assert pf.check_shm(64 * 2**20, gpus=2).status == "fail"  # Docker's default
+    assert pf.check_shm(16 * GIB, gpus=8).status == "ok"
+
+
+def test_full_disk_fails(tiny_tmpfs):
+    out = str(tiny_tmpfs / "out" / "run")  # not made yet: measured on its nearest existing parent
+    free = pf.free_disk(out)
+    assert free <= 2**20
+    c = pf.check_disk(free, out, total_params=10_000_000, save_total_limit=2)
+    assert c.status == "fail"
+    assert c.message == (f"0.0 GB free in {out}, needs 0.4 GB for 3 checkpoints of 0.1 GB (14 bytes/param) and "
+                         "the 0.0 GB final model: free space, mount a larger volume, or lower SFT_SAVE_TOTAL_LIMIT")
+
+
+def test_disk_for_qwen3_8b_uses_the_seeds_figures():
+    # the seed: a checkpoint is about 115 GB (16.4 GB bf16 weights + 98.3 GB fp32 optimizer state)
+    c = pf.check_disk(400 * 10**9, "/out", QWEN3_8B_PARAMS, save_total_limit=2)
+    assert c.status == "ok"
+    assert "needs 360.4 GB for 3 checkpoints of 114.7 GB (14 bytes/param) and the 16.4 GB final model" in c.message
+    assert pf.check_disk(300 * 10**9, "/out", QWEN3_8B_PARAMS, 2).status == "fail"
+    assert pf.check_disk(200 * 10**9, "/out", QWEN3_8B_PARAMS, None).status == "fail"  # room for 2 at least
+    assert pf.check_disk(10**12, "/out", QWEN3_8B_PARAMS, None).status == "warn"
+    assert pf.check_disk(10**9, "/out", None, 2).status == "info"
+
+
+def test_host_memory_capped_by_the_container(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072000 kB\nMemAvailable:   125829120 kB\n")
+    cgroup = tmp_path / "memory.max"
+    cgroup.write_text(f"{64 * GIB}\n")
+    unlimited = tmp_path / "v1_limit"
+    unlimited.write_text("max\n")
+    assert pf.host_memory_available(str(meminfo), [str(unlimited)]) == 125829120 * 1024
+    available = pf.host_memory_available(str(meminfo), [str(cgroup), str(unlimited)])
+    assert available == 64 * GIB
+    c = pf.check_host_memory(available, needed=int(183.08 * GIB), offload=True)
+    assert c.status == "fail"
+    assert c.message == ("64.0 GiB of host RAM available, offload needs 183.1 (DeepSpeed's estimate): use a "
+                         "machine with more RAM, more GPUs, or a stage without offload")
+    assert pf.check_host_memory(available, int(183.08 * GIB), offload=None).status == "warn"
+    assert pf.check_host_memory(available, int(183.08 * GIB), offload=False).status == "info"
+    assert pf.host_memory_available() > 0  # this machine's own files
+
+
+# --- links between GPUs
+
+
+def test_topology_nvlink_and_pcie():
+    assert pf.gpu_links(TOPO_NVLINK) == {"NV18"}
+    ok = pf.check_topology(4, TOPO_NVLINK)
+    assert ok.status == "ok" and ok.message == "NVLink between every pair of GPUs (NV18)"
+    assert pf.gpu_links(TOPO_PCIE) == {"NODE", "SYS"}  # the NIC's PIX column is not a GPU link
+    pcie = pf.check_topology(3, TOPO_PCIE)
+    assert pcie.status == "info" and pcie.message.startswith("PCIe between some GPUs (NODE, SYS)")
+    assert pf.check_topology(2, None).status == "warn"
+    assert pf.check_topology(1, None).status == "ok"
+
+
+def test_allreduce_measured_on_two_cpu_ranks():
+    busbw = pf.measure_allreduce(2, backend="gloo", size_bytes=4 * 2**20, iters=2, timeout_s=120)
+    assert busbw > 0
+    slow = pf.check_allreduce(2, 1.0)
+    assert slow.status == "warn" and slow.message.startswith("all-reduce across 2 GPUs: 1.0 GB/s bus bandwidth, "
+                                                            "below 5")
+    assert pf.check_allreduce(8, 350.0).status == "ok"
+    assert pf.check_allreduce(1, None).status == "ok"
+    failed = pf.check_allreduce(2, None, "all-reduce test failed (exit codes [1, 1])")
+    assert failed.status == "warn" and failed.message.endswith("exit codes [1, 1])")
+
+
+# --- all of them
+
+
+def test_run_preflight_on_this_machine(tmp_path):
+    checks = pf.run_preflight(str(tmp_path / "out"), zero_stage="3", total_params=1_000_000)
+    names = [c.name for c in checks]
+    assert names == ["gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology", "allreduce"]
+    assert all(c.status in ("ok", "info", "warn", "fail") for c in checks)
+    assert not pf.failed(checks)
+    assert pf.pin_memory(checks) is True  # no offload: nothing to unpin
+    text = pf.format_checks(checks)
+    assert len(text.splitlines()) == len(checks)
+    assert text.splitlines()[6].startswith("[ok  ] disk         ")
+
+
+def test_failed_lists_only_failures():
+    checks = [pf.Check("a", "ok", "fine"), pf.Check("b", "fail", "broken: fix it"), pf.Check("c", "warn", "slow")]
+    assert [c.name for c in pf.failed(checks)] == ["b"]
+    assert pf.format_checks(checks).splitlines()[1] == "[fail] b  broken: fix it"
