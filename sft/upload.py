@@ -38,8 +38,8 @@ RUN_FILES = ("summary.json", "loss.png", "settings.json", "ds_config.json", "pro
 HASH_CHUNK = 8 * 2**20  # bytes per read: hashlib releases the GIL on buffers this large
 HASH_THREADS = 4  # sha256 runs at about 1-2 GB/s a core: a 115 GB checkpoint hashes in about a minute
 PREFLIGHT_TRIES = 3  # whoami, repo_info and create_repo are not retried by huggingface_hub itself
-URGENT_RETRY_S = 5.0
-RETRY_STATUSES = (408, 429, 500, 502, 503, 504)  # the ones huggingface_hub's own http_backoff retries  # during flush(), a failed upload is retried this soon (a SIGTERM grace is minutes)
+URGENT_RETRY_S = 5.0  # during flush(), a failed upload is retried this soon (a SIGTERM grace is minutes)
+RETRY_STATUSES = (408, 429, 500, 502, 503, 504)  # the ones huggingface_hub's own http_backoff retries
 STEP_DIR = re.compile(r"^checkpoint-(\d+)/")
 
 
@@ -231,12 +231,18 @@ def _now_iso() -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def _listing(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.rglob("*")) if p.is_file()]
+
+
 def snapshot(src: Path, dest: Path) -> Path:
-    """Hard-link every file of `src` under `dest` (copy where links fail): the Trainer may delete `src` meanwhile."""
+    """Hard-link every file of `src` under `dest` (copy where links fail): the Trainer may delete `src` meanwhile.
+
+    Raises FileNotFoundError if `src` lost a file during the snapshot (a rotation had begun).
+    """
     shutil.rmtree(dest, ignore_errors=True)
-    for path in sorted(src.rglob("*")):
-        if not path.is_file():
-            continue
+    files = _listing(src)
+    for path in files:
         target = dest / path.relative_to(src)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -245,6 +251,9 @@ def snapshot(src: Path, dest: Path) -> Path:
             raise
         except OSError:  # a filesystem without hard links: a copy costs disk, but is as safe
             shutil.copy2(path, target)
+    # A listing taken while the Trainer's rmtree ran would be short yet look whole: list again.
+    if _listing(src) != files:
+        raise FileNotFoundError(f"{src} changed during its snapshot")
     return dest
 
 
@@ -519,11 +528,12 @@ class Uploader:
                 self._log(f"freed {size_text(sum(f.size for f in orphans))} of deleted checkpoints' files")
         except Exception as e:  # noqa: BLE001 - storage is freed at a later deletion; uploads go on
             self._purge_unsupported = http_status(e) in (404, 405, 501)
-            self._log(f"warning: could not free the storage of deleted checkpoints ({redact(short_error(e), self.api.token)}"
-                      "): their files stay in the repo's history and count against its storage")
+            why = redact(short_error(e), self.api.token)
+            self._log(f"warning: could not free the storage of deleted checkpoints ({why}): their files stay in "
+                      "the repo's history and count against its storage")
 
     def _failed(self, e: Exception) -> None:
-        """Log a failed round, and set when the next one runs: backoff, sooner while flushing, never before a 429 allows."""
+        """Log a failed round; the next one comes after a backoff, sooner while flushing, never before a 429 allows."""
         status = http_status(e)
         self.last_error = redact(short_error(e), self.api.token)
         with self._cond:
