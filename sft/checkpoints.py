@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -19,6 +20,18 @@ def all_checkpoints(output_dir: Path) -> list[Path]:
         return []
     found = [p for p in output_dir.iterdir() if p.is_dir() and CHECKPOINT.match(p.name)]
     return sorted(found, key=step_of)
+
+
+# Written by rank 0 into checkpoint-N before the Trainer saves there: how the checkpoint was made.
+RECORD = "sft_job.json"
+
+
+def recorded(checkpoint: Path) -> dict:
+    """{"stage": ..., "world_size": ...} as the job that wrote the checkpoint recorded it ({} if absent)."""
+    try:
+        return json.loads((checkpoint / RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
 
 
 def shard_ranks(checkpoint: Path) -> list[int]:

@@ -1,6 +1,7 @@
-"""The job, in the controlling process: probe, then train, then report (ranks run in sft/train.py).
+"""The job, in the controlling process: hub → preflight → plan → probe → train → upload → summary.
 
-Output folder layout:
+Ranks run in sft/train.py; this process starts them through the launcher, watches for SIGTERM and
+uploads checkpoints in the background. Output folder layout:
     OUTPUT/checkpoint-N/   the Trainer's checkpoints (DeepSpeed shards), the newest SFT_SAVE_TOTAL_LIMIT
     OUTPUT/final/          the 16-bit model, loadable by AutoModelForCausalLM.from_pretrained
     OUTPUT/run/            settings.json, ds_config.json, probe.json, summary.json, loss.png, rank reports
@@ -8,6 +9,7 @@ Output folder layout:
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ from . import checkpoints, dsconfig, exitcodes, probe, report
 from .launch import Launch, Ranks, detect_ranks
 from .settings import Settings
 from .train import RANK_OOM_EXIT
+
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,15 @@ class Paths:
 
 
 class Stopper:
-    """SIGTERM/SIGINT handling for the controller: forward a stop to the ranks running now."""
+    """SIGTERM/SIGINT in the controller: forward a stop to the ranks running now, remember when."""
 
     def __init__(self):
-        self.requested = False
+        self.requested_at: float | None = None
         self.launch: Launch | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self.handle)
@@ -54,9 +62,13 @@ class Stopper:
 
     def handle(self, signum, frame) -> None:
         print(f"received {signal.Signals(signum).name}", flush=True)
-        self.requested = True
+        self.requested_at = self.requested_at or time.monotonic()
         if self.launch is not None:
             self.launch.stop()
+
+
+class ProbeOutOfMemory(Exception):
+    """The probe's ranks ran out of GPU memory, or left less free than the planner's margin."""
 
 
 def finished(paths: Paths) -> bool:
@@ -66,120 +78,301 @@ def finished(paths: Paths) -> bool:
 
 def run(s: Settings, probe_only: bool = False) -> int:
     """The whole job; returns its exit code."""
-    paths = Paths(s.output_path)
-    if finished(paths) and not probe_only:
-        print(f"{paths.final} is already trained (see {paths.summary}); nothing to do.", flush=True)
-        return exitcodes.DONE
-    ranks = detect_ranks(s)
-    stopper = Stopper()
-    stopper.install()
-    paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
-    report.write_json(paths.run / "settings.json", s.to_dict())
-    stage = s.zero_stage if s.ds_config is None else dsconfig.stage_of(dsconfig.load("", s.ds_config))
-    ds_path = dsconfig.write(dsconfig.load(s.zero_stage, s.ds_config), paths.run / "ds_config.json")
-    resume = checkpoints.latest_complete(paths.out)
-    summary: dict[str, Any] = {"settings": s.to_dict(), "stage": stage, "ranks": ranks.count,
-                               "resumed_from": str(resume) if resume else None}
-    if s.probe_steps > 0 and resume is None:
-        code, fig = run_probe(s, ranks, paths, ds_path, stage, stopper)
-        summary["probe"] = fig
-        if code != exitcodes.DONE or probe_only:
-            return _close(paths, summary, code, "probed" if code == exitcodes.DONE else "probe failed")
-    elif probe_only:
-        print("SFT_PROBE_STEPS=0: nothing to probe", flush=True)
-        return exitcodes.DONE
-    else:
-        summary["probe"] = report.read_json(paths.run / "probe.json")
-    code, train = run_training(s, ranks, paths, ds_path, resume, stopper)
-    summary["train"] = train
-    status = {exitcodes.DONE: "done", exitcodes.STOPPED: "stopped"}.get(code, "failed")
-    return _close(paths, summary, code, status)
+    return Job(s).run(probe_only)
 
 
-def _spec(s: Settings, paths: Paths, mode: str, ds_path: Path, **extra: Any) -> Path:
-    spec = {"settings": s.to_dict(), "mode": mode, "ds_config": str(ds_path), "stop_file": str(paths.stop_file),
-            "report_dir": str(paths.run / "reports"), "final_dir": str(paths.final), **extra}
-    for old in (paths.run / "reports").glob(f"{mode}-rank*.json"):
-        old.unlink()  # reports of an earlier start would be mistaken for this one's
-    return report.write_json(paths.run / f"spec-{mode}.json", spec)
+class Job:
+    """One start of the job: what it decided and measured, gathered into the summary."""
 
+    def __init__(self, s: Settings):
+        self.s, self.paths, self.stopper = s, Paths(s.output_path), Stopper()
+        self.summary: dict[str, Any] = {"settings": s.to_dict(), "escalations": []}
+        self.target = None  # the Hub repo, once preflight checked it
+        self.uploader = None
 
-def _rank_reports(paths: Paths, mode: str) -> list[dict[str, Any]]:
-    found = [report.read_json(p) for p in sorted((paths.run / "reports").glob(f"{mode}-rank*.json"))]
-    return [r for r in found if r]
+    def run(self, probe_only: bool) -> int:
+        from .upload import HubError
 
+        try:
+            self.target = self._connect_hub()
+            if not probe_only and self._already_done():
+                return exitcodes.DONE
+            self.ranks = detect_ranks(self.s)
+            self.stopper.install()
+            self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
+            report.write_json(self.paths.run / "settings.json", self.s.to_dict())
+            resume = self._resume_point()
+        except HubError as e:
+            print(f"error: {e.message}", flush=True)
+            return e.exit_code
+        code = self._preflight_and_plan(resume)
+        if code is not None:
+            return self._close(code, "preflight failed")
+        if self.s.probe_steps > 0 and resume is None:
+            code = self._probe()
+            if code != exitcodes.DONE or probe_only:
+                return self._close(code, "probed" if code == exitcodes.DONE else "probe failed")
+        elif probe_only:
+            print("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)", flush=True)
+            return exitcodes.DONE
+        return self._train(resume)
 
-def run_probe(s: Settings, ranks: Ranks, paths: Paths, ds_path: Path, stage: str,
-              stopper: Stopper) -> tuple[int, dict[str, Any] | None]:
-    """The timing run: SFT_PROBE_STEPS optimizer steps, no checkpoint."""
-    print(f"probe: {s.probe_steps} steps with ZeRO {stage} on {ranks.count} rank(s)", flush=True)
-    spec = _spec(s, paths, "probe", ds_path, trainer_output_dir=str(paths.run / "probe"), max_steps=s.probe_steps)
-    code = _launch(s, ranks, spec, paths, stopper)
-    reports = _rank_reports(paths, "probe")
-    if stopper.requested:
-        return exitcodes.STOPPED, None
-    if code != 0 or len(reports) != ranks.count or any(r["status"] != "done" for r in reports):
+    # -- the Hub ---------------------------------------------------------------------------------
+
+    def _connect_hub(self):
+        """Check the token and the private repo before any GPU work; None when no repo is named."""
+        from . import upload
+
+        if self.s.hub_repo is None:
+            print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
+            return None
+        target = upload.preflight(self.s.hub_repo, os.environ.get("HF_TOKEN"))
+        print(f"hub: uploading to {target.url} every {self.s.upload_minutes:g} min", flush=True)
+        return target
+
+    def _already_done(self) -> bool:
+        from . import hub_resume
+
+        if finished(self.paths):
+            print(f"{self.paths.final} is already trained (see {self.paths.summary}); nothing to do.", flush=True)
+            return True
+        if self.target is not None and hub_resume.final_on_hub(self.target.api, self.target.repo_id):
+            print(f"the final model is already on {self.target.url}; nothing to do.", flush=True)
+            return True
+        return False
+
+    def _resume_point(self) -> Path | None:
+        """The newest complete checkpoint on disk; else, with a repo, the newest verified one on the Hub."""
+        from . import hub_resume
+
+        resume = checkpoints.latest_complete(self.paths.out)
+        if resume is None and self.target is not None:
+            resume = hub_resume.resume_from_hub(self.target.api, self.target.repo_id, self.paths.out)
+        self.summary["resumed_from"] = str(resume) if resume else None
+        return resume
+
+    # -- preflight and the plan -----------------------------------------------------------------
+
+    def _preflight_and_plan(self, resume: Path | None) -> int | None:
+        """Machine checks, then the stage: the checkpoint's on resume, else the user's or the plan's."""
+        from . import plan, preflight
+
+        shape = plan.model_shape(self.s.model)
+        self.plan = self._plan(shape)
+        offload_row = self.plan.row("3-offload")
+        checks = preflight.run_preflight(
+            str(self.paths.out), zero_stage=self.s.zero_stage if self.s.ds_config is None else "3",
+            total_params=shape.total_params, save_total_limit=self.s.save_total_limit,
+            host_needed_bytes=offload_row.host if offload_row else None, gpus_wanted=self.ranks.count,
+            allreduce=self.ranks.count > 1 and self.ranks.on_gpu)
+        print("preflight:\n" + preflight.format_checks(checks), flush=True)
+        self.summary["preflight"] = [dict(name=c.name, status=c.status, message=c.message) for c in checks]
+        self.pin_memory = preflight.pin_memory(checks)
+        if preflight.failed(checks):
+            print("error: preflight found problems that make this run impossible (above)", flush=True)
+            return exitcodes.PREFLIGHT
+        if resume is not None and checkpoints.recorded(resume).get("world_size", self.ranks.count) != self.ranks.count:
+            print(f"error: {resume.name} was written by {checkpoints.recorded(resume)['world_size']} ranks and this "
+                  f"start has {self.ranks.count}. DeepSpeed cannot load ZeRO shards into another number of ranks: "
+                  f"start on as many GPUs (SFT_GPUS), or convert the checkpoint with DeepSpeed's universal "
+                  f"checkpointing (python -m deepspeed.checkpoint.ds_to_universal) first", flush=True)
+            return exitcodes.PREFLIGHT
+        self.stage = self._first_stage(resume)
+        if self.stage is None:
+            print(f"error: no ZeRO option fits this machine: {self.plan.reason}", flush=True)
+            return exitcodes.PREFLIGHT
+        return None
+
+    def _plan(self, shape):
+        from . import plan
+
+        memory = _rank_memory_gib(self.ranks)
+        p = plan.plan_from_shape(shape, self.ranks.count, memory, micro_batch=self.s.micro_batch,
+                                 max_length=self.s.max_length, gradient_checkpointing=self.s.gradient_checkpointing,
+                                 host_memory_gib=_host_memory_gib(),
+                                 ds_configs={o: dsconfig.load(o) for o in dsconfig.FILES})
+        print(plan.format_table(p), flush=True)
+        self.summary["plan"] = p.to_dict()
+        return p
+
+    def _first_stage(self, resume: Path | None) -> str | None:
+        s = self.s
+        if s.ds_config is not None:
+            return dsconfig.stage_of(dsconfig.load("", s.ds_config))
+        recorded = checkpoints.recorded(resume).get("stage") if resume else None
+        if recorded:
+            print(f"stage: ZeRO {recorded}, as the checkpoint was written", flush=True)
+            return recorded
+        if s.zero_stage != "auto":
+            return s.zero_stage
+        print(f"stage: auto picks ZeRO {self.plan.choice}: {self.plan.reason}", flush=True)
+        return self.plan.choice
+
+    # -- the probe ------------------------------------------------------------------------------
+
+    def _probe(self) -> int:
+        """The timing run; with SFT_ZERO_STAGE=auto, the next option when the stage does not fit."""
+        while True:
+            try:
+                return self._probe_once()
+            except ProbeOutOfMemory as e:
+                nxt = self._next_option()
+                if self.s.zero_stage != "auto" or self.s.ds_config is not None or nxt is None:
+                    hint = f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
+                    print(f"error: {e} with ZeRO {self.stage}; {hint}", flush=True)
+                    return exitcodes.PROBE_OOM
+                print(f"auto: {e} with ZeRO {self.stage}; moving to ZeRO {nxt} and probing again", flush=True)
+                self.summary["escalations"].append({"from": self.stage, "to": nxt, "why": str(e)})
+                self.stage = nxt
+
+    def _next_option(self) -> str | None:
+        from .plan import PREFERENCE
+
+        later = PREFERENCE[PREFERENCE.index(self.stage) + 1:] if self.stage in PREFERENCE else ()
+        return next(iter(later), None)
+
+    def _probe_once(self) -> int:
+        s = self.s
+        print(f"probe: {s.probe_steps} steps with ZeRO {self.stage} on {self.ranks.count} rank(s)", flush=True)
+        spec = self._spec("probe", trainer_output_dir=str(self.paths.run / "probe"), max_steps=s.probe_steps)
+        code = self._launch(spec)
+        reports = self._rank_reports("probe")
+        if self.stopper.requested:
+            return exitcodes.STOPPED
         if code == RANK_OOM_EXIT or any(r.get("status") == "oom" for r in reports):
-            nxt = dsconfig.next_stage(stage) if stage in dsconfig.ESCALATION else None
-            hint = f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
-            print(f"error: the probe ran out of GPU memory with ZeRO {stage}; {hint}", flush=True)
-            return exitcodes.PROBE_OOM, None
-        print(f"error: the probe failed (launcher exit code {code}); see the ranks' output above", flush=True)
-        return exitcodes.PROBE_FAILED, None
-    fig = probe.figures(reports, s.to_dict())
-    report.write_json(paths.run / "probe.json", fig)
-    print("probe:\n" + probe.table(fig), flush=True)
-    return exitcodes.DONE, fig
+            raise ProbeOutOfMemory("the probe ran out of GPU memory")
+        if code != 0 or len(reports) != self.ranks.count or any(r["status"] != "done" for r in reports):
+            print(f"error: the probe failed (launcher exit code {code}); see the ranks' output above", flush=True)
+            return exitcodes.PROBE_FAILED
+        fig = probe.figures(reports, s.to_dict())
+        fig["stage"] = self.stage
+        report.write_json(self.paths.run / "probe.json", fig)
+        self.summary["probe"] = fig
+        print("probe:\n" + probe.table(fig), flush=True)
+        self._check_headroom(reports)
+        return exitcodes.DONE
+
+    def _check_headroom(self, reports: list[dict[str, Any]]) -> None:
+        """Measured peak against the card: less free than the planner's margin counts as not fitting."""
+        from .plan import GPU_FREE_FRACTION
+
+        for r in reports:
+            total = r.get("total_bytes")
+            if total and r["peak_reserved_bytes"] > total * (1 - GPU_FREE_FRACTION):
+                raise ProbeOutOfMemory(f"rank {r['rank']} peaked at {r['peak_reserved_bytes'] / GIB:.1f} GiB of "
+                                       f"{total / GIB:.1f} GiB, less than {GPU_FREE_FRACTION:.0%} free")
+
+    # -- training -------------------------------------------------------------------------------
+
+    def _train(self, resume: Path | None) -> int:
+        from .upload import Uploader
+
+        if self.stopper.requested:
+            return self._close(exitcodes.STOPPED, "stopped")
+        print(f"train: ZeRO {self.stage}, " + (f"resuming from {resume}" if resume else "from the start"), flush=True)
+        if self.target is not None:
+            self.uploader = Uploader(self.target, self.paths.out, interval_s=self.s.upload_minutes * 60,
+                                     keep=self.s.save_total_limit)
+            self.uploader.start()
+        spec = self._spec("train", trainer_output_dir=str(self.paths.out), max_steps=self.s.max_steps,
+                          resume=str(resume) if resume else None)
+        started = time.time()
+        code = self._launch(spec)
+        self.summary["train"] = train = self._train_results(time.time() - started)
+        if self.stopper.requested or train.get("status") == "stopped":
+            return self._close(exitcodes.STOPPED, "stopped")
+        if code != 0 or train.get("status") != "done":
+            print(f"error: training failed (launcher exit code {code}); complete checkpoints are kept and a new "
+                  f"start resumes from the newest", flush=True)
+            return self._close(exitcodes.TRAIN_FAILED, "failed")
+        return self._close(exitcodes.DONE, "done")
+
+    def _train_results(self, wall: float) -> dict[str, Any]:
+        reports = self._rank_reports("train")
+        main = next((r for r in reports if r["rank"] == 0), {})
+        result = {key: main.get(key) for key in ("status", "global_step", "train_runtime", "train_loss",
+                                                  "num_tokens", "log_history")}
+        result["wall_seconds"] = round(wall, 1)
+        result["peak_reserved_gib"] = [round(r["peak_reserved_bytes"] / GIB, 2) for r in reports]
+        if main.get("num_tokens") and main.get("train_runtime"):
+            result["tokens_per_second"] = round(main["num_tokens"] / main["train_runtime"], 1)
+        window = probe.steady_window(main.get("steps", []))
+        if window:
+            (s0, t0, n0), (s1, t1, n1) = window
+            result["steady_tokens_per_second"] = round((n1 - n0) / (t1 - t0), 1)
+        return result
+
+    # -- ranks ----------------------------------------------------------------------------------
+
+    def _spec(self, mode: str, **extra: Any) -> Path:
+        config = dsconfig.load(self.stage, self.s.ds_config)
+        if not self.pin_memory:
+            config = dsconfig.without_pinned_memory(config)
+            print("pin_memory: off (ulimit -l is too low for pinned host memory)", flush=True)
+        ds_path = dsconfig.write(config, self.paths.run / "ds_config.json")
+        spec = {"settings": self.s.to_dict(), "mode": mode, "stage": self.stage, "ds_config": str(ds_path),
+                "stop_file": str(self.paths.stop_file), "report_dir": str(self.paths.run / "reports"),
+                "final_dir": str(self.paths.final), **extra}
+        for old in (self.paths.run / "reports").glob(f"{mode}-rank*.json"):
+            old.unlink()  # reports of an earlier start would be mistaken for this one's
+        return report.write_json(self.paths.run / f"spec-{mode}.json", spec)
+
+    def _rank_reports(self, mode: str) -> list[dict[str, Any]]:
+        found = [report.read_json(p) for p in sorted((self.paths.run / "reports").glob(f"{mode}-rank*.json"))]
+        return [r for r in found if r]
+
+    def _launch(self, spec: Path) -> int:
+        launch = Launch(self.s, self.ranks, spec, self.paths.stop_file)
+        self.stopper.launch = launch
+        try:
+            return launch.run()
+        finally:
+            self.stopper.launch = None
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _close(self, code: int, status: str) -> int:
+        self.summary.update(stage=getattr(self, "stage", None), ranks=getattr(self, "ranks", None) and
+                            self.ranks.count, status=status, exit_code=code)
+        train = self.summary.get("train") or {}
+        points = report.losses(train.get("log_history") or [])
+        if points:
+            self.summary["final_loss"] = points[-1][1]
+            report.plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {self.summary['stage']})")
+        report.write_json(self.paths.summary, self.summary)
+        if self.uploader is not None:
+            code = self._finish_uploads(code)
+        print(f"{status}: exit code {code}; summary in {self.paths.summary}", flush=True)
+        return code
+
+    def _finish_uploads(self, code: int) -> int:
+        """Stopped or failed: flush the newest checkpoint in the grace left. Done: final model and reports."""
+        if code != exitcodes.DONE:
+            spent = time.monotonic() - (self.stopper.requested_at or time.monotonic())
+            if not self.uploader.flush(max(self.s.stop_grace_seconds - spent, 0)):
+                print(f"warning: the newest checkpoint did not reach the Hub: {self.uploader.behind()}", flush=True)
+            self.uploader.stop(5)
+            return code
+        missing = self.uploader.finish(self.paths.final, self.paths.run, self.summary)
+        self.summary["hub"] = self.uploader.uploaded()
+        report.write_json(self.paths.summary, self.summary)
+        if missing:
+            print("error: trained, but not uploaded: " + "; ".join(missing), flush=True)
+            return exitcodes.UPLOAD_INCOMPLETE
+        return code
 
 
-def run_training(s: Settings, ranks: Ranks, paths: Paths, ds_path: Path, resume: Path | None,
-                 stopper: Stopper) -> tuple[int, dict[str, Any]]:
-    """The full run: epochs, checkpoints, final model."""
-    if stopper.requested:
-        return exitcodes.STOPPED, {}
-    print(f"train: resuming from {resume}" if resume else "train: from the start", flush=True)
-    spec = _spec(s, paths, "train", ds_path, trainer_output_dir=str(paths.out), max_steps=s.max_steps,
-                 resume=str(resume) if resume else None)
-    started = time.time()
-    code = _launch(s, ranks, spec, paths, stopper)
-    reports = _rank_reports(paths, "train")
-    main = next((r for r in reports if r["rank"] == 0), {})
-    result = {
-        "wall_seconds": round(time.time() - started, 1),
-        "global_step": main.get("global_step"),
-        "train_runtime": main.get("train_runtime"),
-        "train_loss": main.get("train_loss"),
-        "num_tokens": main.get("num_tokens"),
-        "peak_reserved_gib": [round(r["peak_reserved_bytes"] / probe.GIB, 2) for r in reports],
-        "log_history": main.get("log_history", []),
-    }
-    if main.get("num_tokens") and main.get("train_runtime"):
-        result["tokens_per_second"] = round(main["num_tokens"] / main["train_runtime"], 1)
-    if stopper.requested or main.get("status") == "stopped":
-        return exitcodes.STOPPED, result
-    if code != 0 or main.get("status") != "done":
-        print(f"error: training failed (launcher exit code {code}); complete checkpoints are kept and a new "
-              f"start resumes from the newest", flush=True)
-        return exitcodes.TRAIN_FAILED, result
-    return exitcodes.DONE, result
+def _rank_memory_gib(ranks: Ranks) -> float:
+    """Memory per rank: the GPU's, or on CPU ranks the host's shared among them."""
+    import torch
+
+    if ranks.on_gpu:
+        return torch.cuda.get_device_properties(ranks.gpus[0]).total_memory / GIB
+    return (_host_memory_gib() or 16.0) / ranks.count
 
 
-def _launch(s: Settings, ranks: Ranks, spec: Path, paths: Paths, stopper: Stopper) -> int:
-    launch = Launch(s, ranks, spec, paths.stop_file)
-    stopper.launch = launch
-    try:
-        return launch.run()
-    finally:
-        stopper.launch = None
+def _host_memory_gib() -> float | None:
+    from .preflight import host_memory_available
 
-
-def _close(paths: Paths, summary: dict[str, Any], code: int, status: str) -> int:
-    summary.update(status=status, exit_code=code)
-    train = summary.get("train") or {}
-    points = report.losses(train.get("log_history", []))
-    if points:
-        summary["final_loss"] = points[-1][1]
-        report.plot_loss(points, paths.run / "loss.png", f"{summary['settings']['model']} (ZeRO {summary['stage']})")
-    report.write_json(paths.summary, summary)
-    print(f"{status}: exit code {code}; summary in {paths.summary}", flush=True)
-    return code
+    available = host_memory_available()
+    return available / GIB if available else None

@@ -44,8 +44,9 @@ class Settings:
     dataset: str = _setting("trl-lib/Capybara", "Dataset: a Hub name, or a local .jsonl/.json/.parquet file or "
                             "folder, conversational (a 'messages' column).")
     dataset_split: str = _setting("train", "Split of the dataset to train on.")
-    zero_stage: str = _setting("3", "ZeRO stage: " + ", ".join(STAGES[1:]) + ". Ignored when SFT_DS_CONFIG is set.",
-                               choices=STAGES[1:])
+    zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
+                               "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
+                               choices=STAGES)
     ds_config: str | None = _setting(None, "A DeepSpeed JSON of your own; wins over SFT_ZERO_STAGE.")
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)

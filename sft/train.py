@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from .checkpoints import RECORD
+
 RANK_OOM_EXIT = 42
 
 
@@ -101,7 +103,7 @@ def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
     config = trainer_arguments(s, spec["mode"], spec["trainer_output_dir"], spec["ds_config"], spec["max_steps"],
                                on_gpu)
     dataset = load_conversations(s["dataset"], s["dataset_split"])
-    callback = ProgressCallback(stop, report)
+    callback = ProgressCallback(stop, report, {"stage": spec["stage"], "world_size": int(os.environ["WORLD_SIZE"])})
     trainer = SFTTrainer(model=s["model"], args=config, train_dataset=dataset, callbacks=[callback])
     callback.trainer = trainer
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
@@ -143,8 +145,8 @@ class StopRequest:
 class ProgressCallback(TrainerCallback):
     """Records time and tokens at every optimizer step; turns a stop request into save-and-stop."""
 
-    def __init__(self, stop: StopRequest, report: dict):
-        self.stop, self.report, self.trainer = stop, report, None
+    def __init__(self, stop: StopRequest, report: dict, record: dict):
+        self.stop, self.report, self.record, self.trainer = stop, report, record, None
         report["steps"] = []
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -153,6 +155,12 @@ class ProgressCallback(TrainerCallback):
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
+        if control.should_save and state.is_world_process_zero:
+            # Before the Trainer writes the checkpoint (trainer_state.json last), so a complete checkpoint
+            # always says which stage and how many ranks wrote it: a resume must use the same.
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / RECORD).write_text(json.dumps(self.record))
         return control
 
 

@@ -15,7 +15,7 @@ def test_no_variables_gives_the_seed_job(isolated_env):
     assert (s.model, s.dataset, s.dataset_split) == ("Qwen/Qwen3-8B", "trl-lib/Capybara", "train")
     assert (s.micro_batch, s.grad_accum, s.max_length, s.epochs) == (1, 4, 2048, 1.0)
     assert (s.learning_rate, s.gradient_checkpointing, s.save_steps, s.save_total_limit) == (1e-5, True, 200, 2)
-    assert (s.zero_stage, s.probe_steps, s.max_steps) == ("3", 50, -1)
+    assert (s.zero_stage, s.probe_steps, s.max_steps) == ("auto", 50, -1)
 
 
 GOOD = [
@@ -49,7 +49,7 @@ def test_good_value(isolated_env, var, raw, field, value):
 
 
 BAD = [
-    ("SFT_ZERO_STAGE", "4", "expected one of 1, 2, 3, 3-offload, 3-offload-all"),
+    ("SFT_ZERO_STAGE", "4", "expected one of auto, 1, 2, 3, 3-offload, 3-offload-all"),
     ("SFT_PROBE_STEPS", "-1", "expected at least 0"),
     ("SFT_PROBE_STEPS", "fifty", "expected a whole number"),
     ("SFT_MAX_STEPS", "0", "expected -1 (full epochs) or a positive number"),
