@@ -16,6 +16,7 @@ Tokens: ``hubserver.WRITE_TOKEN`` (alice, write) and ``hubserver.READ_TOKEN`` (a
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -89,8 +90,13 @@ def configure_client(monkeypatch, endpoint: str, hf_home, etag_timeout: int = 3)
         monkeypatch.setattr(constants, name, value)
     # The module-level helpers (huggingface_hub.upload_folder, ...) use this instance.
     monkeypatch.setattr(huggingface_hub.hf_api.api, "endpoint", endpoint)
-    # What HF_HUB_DISABLE_PROGRESS_BARS=1 gives (the submodule is shadowed by the tqdm class).
-    monkeypatch.setattr(sys.modules["huggingface_hub.utils.tqdm"], "progress_bar_states", {"_global": False})
+    # What HF_HUB_DISABLE_PROGRESS_BARS=1 gives. huggingface_hub.utils (2.4.0) is a lazy facade:
+    # the huggingface_hub.utils.tqdm submodule is only imported when something first needs it, so
+    # it may not be in sys.modules yet (it is not after `import huggingface_hub.hf_api` alone); and
+    # the attribute `huggingface_hub.utils.tqdm` is the tqdm class, not the module. import_module
+    # both loads the submodule and returns the module itself.
+    tqdm_module = importlib.import_module("huggingface_hub.utils.tqdm")
+    monkeypatch.setattr(tqdm_module, "progress_bar_states", {"_global": False})
 
 
 @pytest.fixture

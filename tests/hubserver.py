@@ -32,6 +32,8 @@ Endpoints
   GET    /api/{type}/{ns}/{name}/commits/{rev}           list_repo_commits
   GET    /api/{type}/{ns}/{name}/xet-{read,write}-token/ always 501: this server has no Xet storage
   GET    /api/agent-harnesses                            empty registry (see HF_ENDPOINT notes below)
+  POST   /api/validate-yaml                              {"content", "repoType"}: checks a README.md's YAML
+                                                         front matter (see "Model card metadata" below)
   POST   /[datasets/]{ns}/{name}.git/info/lfs/objects/batch   LFS batch API, "basic" transfer only
   PUT    /_lfs/upload/{ticket}                           the upload href handed out by the batch API
   POST   /_lfs/verify/{ticket}                           the verify href
@@ -69,8 +71,30 @@ What the real client (huggingface_hub 2.4.0) retries by itself (``http_backoff``
                HEAD on /resolve is retried by hf_hub_download with backoff after a first failed
                attempt, if the file is not already cached.
   not retried: whoami, create_repo, repo_info (so snapshot_download fails on a 5xx there, with
-               LocalEntryNotFoundError when nothing is cached), settings, paths-info and the commit
-               POST (a 5xx or a dropped connection there surfaces as an exception to the caller).
+               LocalEntryNotFoundError when nothing is cached), settings, paths-info, validate-yaml
+               and the commit POST (a 5xx or a dropped connection there surfaces as an exception to
+               the caller).
+
+Model card metadata (``POST /api/validate-yaml``)
+-------------------------------------------------
+``create_commit`` (and ``upload_folder``) call ``HfApi._validate_yaml`` whenever a commit adds the
+top-level ``README.md``, before anything is uploaded; ``RepoCard.validate`` /
+``RepoCard.push_to_hub`` call the same route (anonymously, with ``Accept: text/plain``). The request
+is ``{"content": <README.md text>, "repoType": "model"|"dataset"|"space"}``. The answer:
+  200  {"errors": [], "warnings": [{"message"}...]}   the client ``warnings.warn``s each warning
+       (a card with no or empty front matter gets an "empty or missing yaml metadata" one, as on
+       the Hub);
+  400  {"error", "errors": [{"message"}...], "warnings": [...]}   ``_validate_yaml`` turns this into
+       ``ValueError("Invalid metadata in README.md.\\n- <message>...")`` and the commit never starts;
+       with ``Accept: text/plain`` the body is the messages as text (``RepoCard.validate`` raises
+       ``ValueError(response.text)``).
+The front matter is found as the client finds it (``repocard.REGEX_YAML_BLOCK``) and parsed with
+PyYAML's ``safe_load`` (what the client itself uses; imported on first use, so the server still
+starts without it, and then accepts any front matter with a warning that it was not checked).
+Besides YAML syntax it checks a few types the Hub's card schema fixes (metadata is a mapping,
+``model-index`` a list, ``license``/``library_name``/``pipeline_tag`` strings, ``tags``/``datasets``/
+``language``/``metrics``/``base_model`` a string or a list of strings); it is not the Hub's full
+schema (no license list, no check that ``base_model`` exists).
 
 Findings about the client configuration
 ---------------------------------------
@@ -199,6 +223,62 @@ def _matches_any(path: str, patterns: list[str]) -> bool:
         elif fnmatch.fnmatchcase(basename, pattern):
             return True
     return False
+
+
+def _header_value(text: str) -> str:
+    """`text` as one line of ASCII: safe in an HTTP header (a newline would end the header)."""
+    return " ".join(str(text).split()).encode("ascii", "replace").decode()
+
+
+# --------------------------------------------------------------------------------------------
+# Model card metadata (POST /api/validate-yaml)
+# --------------------------------------------------------------------------------------------
+
+# The client's own pattern for a card's front matter (huggingface_hub.repocard.REGEX_YAML_BLOCK).
+YAML_BLOCK = re.compile(r"^(\s*---(?:\r\n|\r|\n))([\S\s]*?)((?:\r\n|\r|\n)---[ \t]*(\r\n|\n|$))")
+CARD_DOCS = {"model": "model-cards", "dataset": "datasets-cards", "space": "spaces-config-reference"}
+# Fields of the Hub's card metadata schema whose type this server checks.
+STRING_FIELDS = ("license", "library_name", "pipeline_tag")
+STRINGS_FIELDS = ("tags", "datasets", "language", "metrics", "base_model")  # a string or a list of them
+LIST_FIELDS = ("model-index",)
+
+
+def validate_card_metadata(content: str, repo_type: str = "model") -> tuple[list[str], list[str]]:
+    """(errors, warnings) for a README.md's YAML front matter, as /api/validate-yaml reports them."""
+    match = YAML_BLOCK.search(content)
+    missing = f"empty or missing yaml metadata in repo card (https://huggingface.co/docs/hub/{CARD_DOCS[repo_type]})"
+    if match is None or not match.group(2).strip():
+        return [], [missing]
+    try:
+        import yaml  # PyYAML: what huggingface_hub parses cards with; imported here to keep the server stdlib-only
+    except ImportError:
+        return [], ["hubserver: PyYAML is not installed, so the metadata was not checked"]
+    try:
+        data = yaml.safe_load(match.group(2))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        if mark is None:
+            return [f"Invalid YAML in the metadata: {err}"], []
+        line = content[: match.end(1)].count("\n") + mark.line + 1  # a line number of README.md
+        problem = " ".join(x for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x)
+        return [f"Invalid YAML in the metadata, line {line} column {mark.column + 1}: {problem or err}"], []
+    if data is None:
+        return [], [missing]
+    if not isinstance(data, dict):
+        return [f"The metadata must be a YAML mapping (key: value), not a {type(data).__name__}"], []
+    errors = []
+    for key in STRING_FIELDS:
+        if key in data and not isinstance(data[key], str):
+            errors.append(f'"{key}" must be a string')
+    for key in STRINGS_FIELDS:
+        value = data.get(key)
+        if key in data and not (isinstance(value, str)
+                                or isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            errors.append(f'"{key}" must be a string or an array of strings')
+    for key in LIST_FIELDS:
+        if key in data and not isinstance(data[key], list):
+            errors.append(f'"{key}" must be an array')
+    return errors, []
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,6 +639,7 @@ GIT_REPO = r"/(?:(?P<prefix>datasets)/)?(?P<repo_id>[^/]+/[^/]+?)"
 ROUTES = [
     ("GET", r"/api/whoami-v2", "whoami"),
     ("GET", r"/api/agent-harnesses", "agent_harnesses"),
+    ("POST", r"/api/validate-yaml", "validate_yaml"),
     ("POST", r"/api/repos/create", "create_repo"),
     ("DELETE", r"/api/repos/delete", "delete_repo"),
     ("GET", REPO + r"(?:/revision/(?P<rev>[^/]+))?", "repo_info"),
@@ -743,7 +824,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_error(self, err: HubError) -> None:
         headers = dict(err.headers)
-        headers["X-Error-Message"] = err.message.encode("ascii", "replace").decode()
+        headers["X-Error-Message"] = _header_value(err.message)
         if err.code:
             headers["X-Error-Code"] = err.code
         self._json({"error": err.message, **err.extra}, err.status, headers)
@@ -838,6 +919,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def h_agent_harnesses(self, m) -> None:
         self._json({"standardEnvVars": [], "harnesses": {}})
+
+    def h_validate_yaml(self, m) -> None:
+        body = self._json_body()
+        self._principal()  # anonymous is fine (RepoCard.validate sends no token); a bad token is 401
+        content, repo_type = body.get("content"), body.get("repoType") or "model"
+        if not isinstance(content, str):
+            raise HubError(400, '"content" must be a string')
+        if repo_type not in ("model", "dataset", "space"):
+            raise HubError(400, f'"repoType" must be one of [model, dataset, space], got {repo_type!r}')
+        errors, warnings = validate_card_metadata(content, repo_type)
+        as_text = "text/plain" in self.headers.get("Accept", "")
+        if not errors:
+            if as_text:
+                return self._send(200, b"", content_type="text/plain; charset=utf-8")
+            return self._json({"errors": [], "warnings": [{"message": w} for w in warnings]})
+        summary = "Invalid metadata in README.md: " + "; ".join(errors)
+        if as_text:
+            text = "\n".join(errors).encode()
+            return self._send(400, text, {"X-Error-Message": _header_value(summary)}, "text/plain; charset=utf-8")
+        raise HubError(400, summary, extra={"errors": [{"message": e} for e in errors],
+                                            "warnings": [{"message": w} for w in warnings]})
 
     def h_create_repo(self, m) -> None:
         body = self._json_body()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-from huggingface_hub.utils import disable_progress_bars  # noqa: F401  (loads huggingface_hub.utils.tqdm)
 
 from checkpoint_layout import make_checkpoint, tree
 from hub_fixtures import WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtures)

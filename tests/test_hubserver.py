@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,11 +32,13 @@ from huggingface_hub import (  # noqa: E402
     CommitOperationAdd,
     CommitOperationDelete,
     HfApi,
+    ModelCard,
     constants,
     hf_hub_download,
     snapshot_download,
 )
 from huggingface_hub.errors import (  # noqa: E402
+    BadRequestError,
     EntryNotFoundError,
     HfHubHTTPError,
     LocalEntryNotFoundError,
@@ -209,6 +212,77 @@ def test_create_commit_deletes_a_checkpoint_folder(uploaded, hub_api, hub_server
     assert _head(hub_server) == head
 
 
+# --------------------------------------------------------------------------------------------
+# Model card metadata: POST /api/validate-yaml, called by create_commit for a README.md
+# --------------------------------------------------------------------------------------------
+
+VALID_CARD = "---\nlicense: apache-2.0\nlibrary_name: transformers\ntags:\n- sft\n---\n\n# A model\n"
+INVALID_CARDS = {  # README.md -> what the error must say
+    "---\nlicense: mit\ntags: [sft\n---\n\nbroken flow list\n": "Invalid YAML in the metadata, line 3",
+    "---\nmodel-index: foo\n---\n\nwrong type\n": '"model-index" must be an array',
+    "---\n- just\n- a list\n---\n": "must be a YAML mapping",
+}
+
+
+def test_commit_with_a_valid_model_card_is_validated_then_committed(hub_api, hub_server, recwarn):
+    hub_api.create_repo(REPO)
+    hub_server.clear_log()
+    hub_api.create_commit(REPO, [CommitOperationAdd("README.md", VALID_CARD.encode()),
+                                 CommitOperationAdd("config.json", b"{}\n")], commit_message="card")
+    assert hub_server.store.read_file(REPO, "README.md").decode() == VALID_CARD
+    paths = [(e["method"], e["path"], e["status"]) for e in hub_server.request_log()]
+    assert paths[0] == ("POST", "/api/validate-yaml", 200)  # before anything is uploaded
+    assert hub_server.request_log(path="/api/validate-yaml")[0]["user"] == "alice"
+    assert not [w for w in recwarn if "metadata" in str(w.message)]
+
+    hub_api.create_commit(REPO, [CommitOperationAdd("README.md", b"# No front matter\n")], commit_message="bare")
+    assert [str(w.message) for w in recwarn if "empty or missing yaml metadata" in str(w.message)]
+    assert _statuses(hub_server, "POST", "/api/validate-yaml") == [200, 200]
+
+
+@pytest.mark.parametrize("content", list(INVALID_CARDS))
+def test_commit_with_invalid_card_metadata_fails_before_uploading(hub_api, hub_server, tmp_path, content):
+    hub_api.create_repo(REPO)
+    head = _head(hub_server)
+    hub_server.clear_log()
+    with pytest.raises(ValueError, match="Invalid metadata in README.md") as excinfo:
+        hub_api.create_commit(REPO, [CommitOperationAdd("README.md", content.encode()),
+                                     CommitOperationAdd("model.dat", _bytes(BIG_SIZE, 7))], commit_message="x")
+    assert INVALID_CARDS[content] in str(excinfo.value)
+    assert isinstance(excinfo.value.__cause__, BadRequestError)
+    assert excinfo.value.__cause__.response.json()["errors"][0]["message"] in str(excinfo.value)
+    assert [(e["path"], e["status"]) for e in hub_server.request_log()] == [("/api/validate-yaml", 400)]
+    assert _head(hub_server) == head
+
+    folder = tmp_path / "folder"  # upload_folder validates a README.md before hashing anything
+    folder.mkdir()
+    (folder / "README.md").write_text(content)
+    with pytest.raises(ValueError, match="Invalid metadata in README.md"):
+        hub_api.upload_folder(repo_id=REPO, folder_path=folder)
+    assert _head(hub_server) == head
+
+    # What RepoCard.validate sends (it re-renders the card, so post the raw text like it does).
+    response = httpx2.post(hub_server.url + "/api/validate-yaml", headers={"Accept": "text/plain"},
+                           json={"repoType": "model", "content": content})
+    assert response.status_code == 400 and INVALID_CARDS[content] in response.text
+    assert response.headers["Content-Type"].startswith("text/plain")
+
+
+def test_repocard_validate_raises_the_servers_message(hub_server):
+    ModelCard(VALID_CARD).validate()  # anonymous, Accept: text/plain; no exception
+    with pytest.raises(ValueError, match='"license" must be a string'):
+        ModelCard("---\nlicense: 3\n---\n\nnumeric license\n").validate()
+
+
+def test_validate_yaml_refuses_unknown_tokens_and_bad_requests(hub_server):
+    with pytest.raises(HfHubHTTPError) as excinfo:
+        HfApi(endpoint=hub_server.url, token="hf_not_a_real_token")._validate_yaml(VALID_CARD)
+    assert excinfo.value.response.status_code == 401
+    for body in ({"content": 3}, {"content": VALID_CARD, "repoType": "bucket"}):
+        response = httpx2.post(hub_server.url + "/api/validate-yaml", json=body)
+        assert response.status_code == 400 and "\n" not in response.headers["X-Error-Message"]
+
+
 def test_snapshot_download_allow_patterns_is_byte_identical(uploaded, hub_server, tmp_path):
     path = Path(snapshot_download(REPO, allow_patterns="checkpoint-4/*", endpoint=hub_server.url,
                                   token=WRITE_TOKEN, cache_dir=tmp_path / "cache"))  # fmt: skip
@@ -373,6 +447,25 @@ def test_xet_client_is_refused_loudly(hub_api, hub_server, tmp_path, monkeypatch
 # --------------------------------------------------------------------------------------------
 # The server as a separate process, steered over HTTP
 # --------------------------------------------------------------------------------------------
+
+
+def test_hub_fixtures_work_when_imported_first_in_a_fresh_process(hub_server, tmp_path):
+    """huggingface_hub.utils is lazy: utils.tqdm need not be loaded when configure_client runs."""
+    script = (
+        "import sys, pytest\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import hub_fixtures\n"
+        "assert 'huggingface_hub.utils.tqdm' not in sys.modules\n"
+        "mp = pytest.MonkeyPatch()\n"
+        f"hub_fixtures.configure_client(mp, {hub_server.url!r}, {str(tmp_path / 'hf_home')!r})\n"
+        "from huggingface_hub import HfApi\n"
+        "from huggingface_hub.utils import are_progress_bars_disabled\n"
+        "assert are_progress_bars_disabled()\n"
+        "print(HfApi(token=hub_fixtures.WRITE_TOKEN).whoami()['name'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "alice"
 
 
 def test_server_process_is_steered_over_http(hub_process, tmp_path, monkeypatch):

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from huggingface_hub import CommitOperationAdd, HfApi
-from huggingface_hub.utils import disable_progress_bars  # noqa: F401  (loads huggingface_hub.utils.tqdm)
+from huggingface_hub import CommitOperationAdd
 
 from checkpoint_layout import REAL_LAYOUT, complete_checkpoint, layout, make_checkpoint, tree
 from hub_fixtures import READ_TOKEN, WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtures)
@@ -46,13 +45,6 @@ def hub_files(server, repo: str = REPO) -> dict[str, dict]:
 
 def manifest_on_hub(server, step: int, repo: str = REPO) -> dict:
     return json.loads(server.store.read_file(repo, f"checkpoint-{step}/{MANIFEST}"))
-
-
-@pytest.fixture(autouse=True)
-def no_readme_validation(hub_server, monkeypatch):
-    """The local server has no /api/validate-yaml, which create_commit calls for a README.md."""
-    if "validate-yaml" not in " ".join(p.pattern for _, p, _ in __import__("hubserver").ROUTES):
-        monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kw: None)
 
 
 @pytest.fixture
