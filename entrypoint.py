@@ -2,13 +2,14 @@
 """Full fine-tuning of a causal LM with TRL's SFTTrainer on DeepSpeed ZeRO, configured by environment.
 
     docker run --gpus all -e SFT_MODEL=Qwen/Qwen3-8B -v /data:/data IMAGE          # the whole job
-    python entrypoint.py [run|probe|config|export]                                 # the same, on a host
+    python entrypoint.py [run|probe|plan|doctor|config|export]                     # the same, on a host
 
 The job: check the settings, probe SFT_PROBE_STEPS steps, train, write final/ and a summary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import textwrap
@@ -84,6 +85,50 @@ def config() -> None:
     filled = dsconfig.filled(dsconfig.load(s.zero_stage, s.ds_config), args, ranks.count,
                              AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
     click.echo(json.dumps({"settings": s.to_dict(), "ranks": ranks.count, "deepspeed": filled}, indent=2))
+
+
+@cli.command()
+@click.option("--model", help="Hub name or local folder (default: SFT_MODEL).")
+@click.option("--gpus", type=int, help="GPUs per node (default: detected).")
+@click.option("--gpu-memory", type=float, help="Memory per GPU in GiB (default: detected).")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes.")
+@click.option("--micro-batch", type=int, help="Sequences per GPU per step (default: SFT_MICRO_BATCH).")
+@click.option("--max-length", type=int, help="Tokens per sequence (default: SFT_MAX_LENGTH).")
+@click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=None,
+              help="(default: SFT_GRADIENT_CHECKPOINTING)")
+@click.option("--host-memory", type=float, help="Host RAM per node in GiB (default: detected).")
+@click.option("--json", "as_json", is_flag=True, help="JSON for programs (GiB: bytes / 2**30, two decimals).")
+def plan(model, gpus, gpu_memory, nodes, micro_batch, max_length, gradient_checkpointing, host_memory, as_json):
+    """Predict memory per GPU for every ZeRO option and pick the lowest that fits (reads config.json only)."""
+    from sft import dsconfig, plan as planner
+    from sft.job import GIB, _host_memory_gib
+
+    s = load_settings()
+    if gpus is None or gpu_memory is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
+        gpus = gpus or torch.cuda.device_count()
+        gpu_memory = gpu_memory or torch.cuda.get_device_properties(0).total_memory / GIB
+    # DeepSpeed's logger writes to the stdout it finds at import: keep it off the table and the JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        p = planner.plan(model or s.model, gpus, gpu_memory, nodes, micro_batch or s.micro_batch,
+                         max_length or s.max_length,
+                         s.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing,
+                         host_memory or _host_memory_gib(), {o: dsconfig.load(o) for o in dsconfig.FILES})
+    click.echo(p.to_json() if as_json else planner.format_table(p))
+
+
+@cli.command()
+def doctor() -> None:
+    """Check this machine for the job: GPUs, nvcc and CPU Adam, memlock, /dev/shm, disk, host RAM, links."""
+    from sft import preflight
+
+    s = load_settings()
+    checks = preflight.run_preflight(s.output_dir, zero_stage=s.zero_stage, save_total_limit=s.save_total_limit)
+    click.echo(preflight.format_checks(checks))
+    sys.exit(exitcodes.PREFLIGHT if preflight.failed(checks) else exitcodes.DONE)
 
 
 @cli.command()

@@ -226,10 +226,8 @@ class Job:
                 self.stage = nxt
 
     def _next_option(self) -> str | None:
-        from .plan import PREFERENCE
-
-        later = PREFERENCE[PREFERENCE.index(self.stage) + 1:] if self.stage in PREFERENCE else ()
-        return next(iter(later), None)
+        """The option that holds less on each GPU (ZeRO-2 after 1, 3 after 2, then offload)."""
+        return dsconfig.next_stage(self.stage) if self.stage in dsconfig.ESCALATION else None
 
     def _probe_once(self) -> int:
         s = self.s

@@ -34,6 +34,7 @@ def main(spec_path: str) -> int:
     report: dict[str, Any] = {"mode": spec["mode"], "status": "started"}
     try:
         trainer = build_trainer(spec, on_gpu, stop, report)
+        _simulated_oom(spec)
         _reset_peak_memory(on_gpu)
         result = trainer.train(resume_from_checkpoint=spec.get("resume"))
         report.update(_results(trainer, result, stop))
@@ -47,6 +48,14 @@ def main(spec_path: str) -> int:
         raise
     report["status"] = "stopped" if stop.requested else "done"
     return _finish(spec, report, on_gpu, 0)
+
+
+def _simulated_oom(spec: dict) -> None:
+    """Test hook: the probe rank raises the real OOM error for the stages listed in SFTTEST_OOM_STAGES,
+    so escalation is tested end to end on a machine with no GPU to run out of."""
+    stages = os.environ.get("SFTTEST_OOM_STAGES", "").split(",")
+    if spec["mode"] == "probe" and spec["stage"] in stages:
+        raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for ZeRO {spec['stage']} by SFTTEST_OOM_STAGES)")
 
 
 def _setup_distributed() -> bool:

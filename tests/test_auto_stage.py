@@ -1,0 +1,65 @@
+"""The stage the job picks by itself: the planner's choice through the CLI, and the probe's
+escalation when a stage runs out of memory (the real OOM error, raised in the probe rank)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import Qwen3Config
+
+from conftest import clean_environ, demo_env, read_summary, run_entrypoint
+
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("memory,choice", [("79.25", "2"), ("44.4", "3")])
+def test_plan_command_gives_the_seeds_advice(tmp_path, memory, choice):
+    """The seed: ZeRO-2 for Qwen3-8B on 8 x 80 GB, ZeRO-3 on 8 x 48 GB."""
+    Qwen3Config(**QWEN3_8B).save_pretrained(tmp_path / "qwen3-8b")
+    result = run_entrypoint(clean_environ(tmp_path), "plan", "--model", str(tmp_path / "qwen3-8b"), "--gpus", "8",
+                            "--gpu-memory", memory, "--host-memory", "1000", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout)
+    assert plan["choice"] == choice
+    states = {o["option"]: o["model_states"] for o in plan["options"]}
+    assert (states["2"], states["3"]) == (32.42, 19.48)  # DeepSpeed's own estimator, as the seed prints it
+
+
+def test_plan_without_a_gpu_asks_for_the_card(tmp_path):
+    result = run_entrypoint(clean_environ(tmp_path), "plan", "--model", "demo/tiny-qwen3")
+    assert result.returncode == 2 and "give --gpus N and --gpu-memory GIB" in result.stderr
+
+
+@pytest.mark.slow
+def test_auto_moves_to_the_next_stage_when_the_probe_runs_out_of_memory(tmp_path):
+    env = demo_env(tmp_path, probe_steps=3, max_steps=4, save_steps=4)
+    env["SFTTEST_OOM_STAGES"] = "2"
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "moving to ZeRO 3 and probing again" in result.stdout
+    summary = read_summary(tmp_path / "out")
+    assert summary["settings"]["zero_stage"] == "auto" and summary["stage"] == "3"
+    assert [(e["from"], e["to"]) for e in summary["escalations"]] == [("2", "3")]
+    assert summary["probe"]["stage"] == "3" and summary["status"] == "done"
+
+
+@pytest.mark.slow
+def test_an_explicit_stage_is_obeyed_and_the_error_names_the_next(tmp_path):
+    env = demo_env(tmp_path, zero_stage="2", probe_steps=3, max_steps=4)
+    env["SFTTEST_OOM_STAGES"] = "2"
+    result = run_entrypoint(env)
+    assert result.returncode == 4, result.stdout[-3000:]
+    assert "ran out of GPU memory with ZeRO 2; try SFT_ZERO_STAGE=3" in result.stdout
+    assert read_summary(tmp_path / "out")["status"] == "probe failed"
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_doctor_reports_every_check(tmp_path):
+    env = clean_environ(tmp_path)
+    env["SFT_OUTPUT_DIR"] = str(tmp_path / "out")
+    result = run_entrypoint(env, "doctor")
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    for name in ("gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology", "allreduce"):
+        assert f"] {name}" in result.stdout
