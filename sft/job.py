@@ -105,7 +105,7 @@ class Job:
         except HubError as e:
             print(f"error: {e.message}", flush=True)
             return e.exit_code
-        code = self._preflight_and_plan(resume)
+        code = self._preflight_and_plan(resume, probe_only)
         if code is not None:
             return self._close(code, "preflight failed")
         if self.s.probe_steps > 0 and resume is None:
@@ -153,7 +153,7 @@ class Job:
 
     # -- preflight and the plan -----------------------------------------------------------------
 
-    def _preflight_and_plan(self, resume: Path | None) -> int | None:
+    def _preflight_and_plan(self, resume: Path | None, probe_only: bool) -> int | None:
         """Machine checks, then the stage: the checkpoint's on resume, else the user's or the plan's."""
         from . import plan, preflight
 
@@ -162,7 +162,8 @@ class Job:
         offload_row = self.plan.row("3-offload")
         checks = preflight.run_preflight(
             str(self.paths.out), zero_stage=self.s.zero_stage if self.s.ds_config is None else "3",
-            total_params=shape.total_params, save_total_limit=self.s.save_total_limit,
+            # the probe alone writes no checkpoint: its disk needs are not the run's
+            total_params=None if probe_only else shape.total_params, save_total_limit=self.s.save_total_limit,
             host_needed_bytes=offload_row.host if offload_row else None, gpus_wanted=self.ranks.count,
             allreduce=self.ranks.count > 1 and self.ranks.on_gpu)
         print("preflight:\n" + preflight.format_checks(checks), flush=True)

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 PREFIX = "SFT_"
 STAGES = ("auto", "1", "2", "3", "3-offload", "3-offload-all")
 LAUNCHERS = ("torchrun", "deepspeed")
+ATTENTIONS = ("sdpa", "flex_attention", "eager")
 PRECISIONS = ("auto", "bf16", "fp32")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
@@ -54,6 +55,9 @@ class Settings:
     micro_batch: int = _setting(1, "Sequences per GPU per forward pass.", min=1)
     grad_accum: int = _setting(4, "Micro-batches accumulated per optimizer step.", min=1)
     max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
+    packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "
+                             "itself (SFT_MICRO_BATCH then counts rows); false: one padded conversation per row.")
+    attention: str = _setting("sdpa", "Attention kernel: " + ", ".join(ATTENTIONS) + ".", choices=ATTENTIONS)
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)

@@ -83,6 +83,7 @@ def trainer_arguments(s: dict, mode: str, output_dir: str, ds_config: str | None
         per_device_train_batch_size=s["micro_batch"],
         gradient_accumulation_steps=s["grad_accum"],
         max_length=s["max_length"],
+        packing=s["packing"],  # best-fit decreasing, padding-free: position_ids restart per conversation
         num_train_epochs=s["epochs"],
         max_steps=max_steps,
         learning_rate=s["learning_rate"],
@@ -96,7 +97,7 @@ def trainer_arguments(s: dict, mode: str, output_dir: str, ds_config: str | None
         seed=s["seed"],
         data_seed=s["seed"],
         report_to="none",
-        model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
+        model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": s["attention"]},
         # On CPU ranks the gloo state made in _setup_distributed must be used (FACTS.md).
         accelerator_config={"use_configured_state": in_rank and not on_gpu},
     )

@@ -22,7 +22,7 @@ STAGES = ["1", "2", "3", "3-offload"]
 # One full epoch of the demo: 512 conversations / (2 ranks x micro-batch 1 x accumulation 4) = 64 steps.
 EPOCH_STEPS = 64
 JOB = dict(probe_steps=5, save_steps=20, save_total_limit=2, logging_steps=1, learning_rate=2e-3,
-           precision="fp32", seed=0)
+           precision="fp32", seed=0, packing="false")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The seed's recipe against the image's own settings, on the same GPU, model shape and data.
+
+Each configuration runs through the job's own entrypoint (`entrypoint.py probe`), so what is timed is
+what users run. Prints tokens/s (non-padding, steady state), MFU, peak memory and the ratio to the seed.
+
+MFU = tokens/s x 6 x N / peak, N = the parameters in a matrix multiplication per token: all of them,
+less the input embedding unless it is tied to the output layer (Qwen3-4B ties it: N = 4.02e9).
+Attention FLOPs are not counted. Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200.
+
+    python scripts/bench.py --model DIR --data FILE [--configs seed,default,...] [--steps 12]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parent.parent
+PEAK_FLOPS = 790e12
+# The seed's recipe as its sft_ds.py writes it, and the levers measured against it.
+CONFIGS = {
+    "seed": dict(zero_stage="3", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true"),
+    "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true"),
+    "default": dict(),  # the image's defaults, nothing set
+    "pack-z2-mb2-nockpt": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false"),
+    "pack-z2-mb4-ckpt": dict(zero_stage="2", micro_batch=4, grad_accum=1, gradient_checkpointing="true"),
+    "pack-z2-mb2-nockpt-flex": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
+                                    attention="flex_attention"),
+}
+
+
+def matmul_params(model: str) -> int:
+    """N for MFU: every parameter, less the input embedding unless tied to the output layer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model)
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in m.parameters())
+    return total if cfg.tie_word_embeddings else total - m.get_input_embeddings().weight.numel()
+
+
+def run_probe(name: str, model: str, data: str, steps: int, work: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
+    env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_PROBE_STEPS=str(steps), SFT_OUTPUT_DIR=str(work / name),
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update({f"SFT_{k.upper()}": str(v) for k, v in CONFIGS[name].items()})
+    start = time.time()
+    with open(work / f"{name}.log", "w") as log:
+        code = subprocess.call([sys.executable, str(REPO / "entrypoint.py"), "probe"], env=env, cwd=REPO,
+                               stdout=log, stderr=subprocess.STDOUT)
+    probe_file = work / name / "run" / "probe.json"
+    fig = json.loads(probe_file.read_text()) if probe_file.exists() else {}
+    return {"name": name, "exit": code, "wall_s": round(time.time() - start), **fig}
+
+
+@click.command()
+@click.option("--model", required=True, help="Model folder (scripts/make_synthetic.py makes one).")
+@click.option("--data", required=True, help="Chat data (.jsonl).")
+@click.option("--configs", default="seed,default", show_default=True, help="Comma-separated names: " +
+              ", ".join(CONFIGS))
+@click.option("--steps", default=12, show_default=True, help="Probe steps per configuration.")
+@click.option("--work", default="/tmp/bench", type=click.Path(path_type=Path), help="Scratch folder.")
+def main(model: str, data: str, configs: str, steps: int, work: Path) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    n = matmul_params(model)
+    rows = []
+    for name in configs.split(","):
+        row = run_probe(name, model, data, steps, work)
+        if "tokens_per_second" in row:
+            row["mfu"] = row["tokens_per_second"] * 6 * n / PEAK_FLOPS
+        rows.append(row)
+        click.echo(json.dumps(row), err=True)
+    seed = next((r.get("tokens_per_second") for r in rows if r["name"] == "seed"), None)
+    click.echo(f"\nN = {n:,} parameters in matmuls per token; peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
+    click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'tokens/s':>9} {'MFU':>6} {'s/step':>7} "
+               f"{'peak GiB':>9} {'x seed':>7}")
+    for r in rows:
+        tps = r.get("tokens_per_second")
+        ratio = f"{tps / seed:.2f}" if tps and seed else "-"
+        peak = max(r.get("peak_reserved_gib") or [0])
+        click.echo(f"{r['name']:<26} {r['exit']:>4} {r.get('stage', '-'):>6} {tps or 0:>9.0f} "
+                   f"{r.get('mfu', 0):>6.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
+    (work / "bench.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
