@@ -74,13 +74,15 @@ def config() -> None:
     from transformers import AutoConfig
 
     from sft import dsconfig
+    from sft.job import resolve
     from sft.launch import detect_ranks
     from sft.train import trainer_arguments
 
     s = load_settings()
     ranks = detect_ranks(s)
-    args = trainer_arguments(s.to_dict(), "train", s.output_dir, None, s.max_steps, ranks.on_gpu,
-                             in_rank=False)
+    # auto checkpointing is decided by the planner at run time; shown here as on, the safe side
+    args = trainer_arguments(resolve(s, ranks, s.gradient_checkpointing != "false"), "train", s.output_dir, None,
+                             s.max_steps, ranks.on_gpu, in_rank=False)
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
     filled = dsconfig.filled(dsconfig.load(s.zero_stage, s.ds_config), args, ranks.count,
                              AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
@@ -115,7 +117,8 @@ def plan(model, gpus, gpu_memory, nodes, micro_batch, max_length, gradient_check
     with contextlib.redirect_stdout(sys.stderr):
         p = planner.plan(model or s.model, gpus, gpu_memory, nodes, micro_batch or s.micro_batch,
                          max_length or s.max_length,
-                         s.gradient_checkpointing if gradient_checkpointing is None else gradient_checkpointing,
+                         s.gradient_checkpointing != "false" if gradient_checkpointing is None
+                         else gradient_checkpointing,
                          host_memory or _host_memory_gib(), {o: dsconfig.load(o) for o in dsconfig.FILES})
     click.echo(p.to_json() if as_json else planner.format_table(p))
 

@@ -26,11 +26,17 @@ REPO = Path(__file__).resolve().parent.parent
 PEAK_FLOPS = 790e12
 # The seed's recipe as its sft_ds.py writes it, and the levers measured against it.
 CONFIGS = {
-    "seed": dict(zero_stage="3", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true"),
-    "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true"),
+    "seed": dict(zero_stage="3", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
+                 attention="sdpa"),
+    "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
+                       attention="sdpa"),
     "default": dict(),  # the image's defaults, nothing set
-    "pack-z2-mb2-nockpt": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false"),
-    "pack-z2-mb4-ckpt": dict(zero_stage="2", micro_batch=4, grad_accum=1, gradient_checkpointing="true"),
+    "pack-z2-mb1-ckpt": dict(zero_stage="2", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
+                             attention="sdpa"),
+    "pack-z2-mb2-nockpt": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
+                               attention="sdpa"),
+    "pack-z2-mb4-ckpt": dict(zero_stage="2", micro_batch=4, grad_accum=1, gradient_checkpointing="true",
+                             attention="sdpa"),
     "pack-z2-mb2-nockpt-flex": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
                                     attention="flex_attention"),
 }

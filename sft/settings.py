@@ -19,7 +19,9 @@ from typing import Any, Mapping
 PREFIX = "SFT_"
 STAGES = ("auto", "1", "2", "3", "3-offload", "3-offload-all")
 LAUNCHERS = ("torchrun", "deepspeed")
-ATTENTIONS = ("sdpa", "flex_attention", "eager")
+ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager")
+SWITCH = ("auto", "true", "false")
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
@@ -52,16 +54,21 @@ class Settings:
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
     epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
-    micro_batch: int = _setting(1, "Sequences per GPU per forward pass.", min=1)
-    grad_accum: int = _setting(4, "Micro-batches accumulated per optimizer step.", min=1)
+    micro_batch: int = _setting(2, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
+                                "conversations with SFT_PACKING=false; the seed's recipe: 1).", min=1)
+    grad_accum: int = _setting(2, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
     max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
     packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "
                              "itself (SFT_MICRO_BATCH then counts rows); false: one padded conversation per row.")
-    attention: str = _setting("sdpa", "Attention kernel: " + ", ".join(ATTENTIONS) + ".", choices=ATTENTIONS)
+    attention: str = _setting("auto", "Attention kernel: " + ", ".join(ATTENTIONS) + "; auto: flex_attention on "
+                              "GPUs (its block mask skips the other sequences of a packed row), sdpa on CPU.",
+                              choices=ATTENTIONS)
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
-    gradient_checkpointing: bool = _setting(True, "Recompute activations in backward to save memory.")
+    gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
+                                           "or auto: off when the planner predicts the stage fits without it, "
+                                           "confirmed by the probe.", choices=SWITCH)
     logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
     seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
@@ -145,12 +152,8 @@ def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
     kind = str(f.type)
-    if "bool" in kind:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "of"):
-            return False
-        raise ValueError("expected true or false (1/0, yes/no, on/off)")
+    if "bool" in kind or f.metadata.get("choices") == SWITCH:
+        return _parse_switch(raw, allow_auto="bool" not in kind)
     if "int" in kind:
         try:
             value: Any = int(raw)
@@ -165,6 +168,16 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
         value = raw
     _check_bounds(f.metadata, value)
     return value
+
+
+def _parse_switch(raw: str, allow_auto: bool) -> bool | str:
+    """true/false in the usual spellings; where auto is allowed, the words "auto", "true", "false"."""
+    word = raw.lower()
+    if word in TRUE or word in FALSE:
+        return str(word in TRUE).lower() if allow_auto else word in TRUE
+    if allow_auto and word == "auto":
+        return word
+    raise ValueError("expected true or false (1/0, yes/no, on/off)" + (", or auto" if allow_auto else ""))
 
 
 def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:

@@ -10,11 +10,13 @@ from conftest import DEMO_DATA, DEMO_MODEL, clean_environ, run_entrypoint
 from sft.settings import Settings, SettingsError, describe, from_env
 
 
-def test_no_variables_gives_the_seed_job(isolated_env):
+def test_no_variables_gives_the_seed_job_with_fast_settings(isolated_env):
     s = from_env({})
     assert (s.model, s.dataset, s.dataset_split) == ("Qwen/Qwen3-8B", "trl-lib/Capybara", "train")
-    assert (s.micro_batch, s.grad_accum, s.max_length, s.epochs) == (1, 4, 2048, 1.0)
-    assert (s.learning_rate, s.gradient_checkpointing, s.save_steps, s.save_total_limit) == (1e-5, True, 200, 2)
+    assert (s.max_length, s.epochs, s.learning_rate, s.save_steps, s.save_total_limit) == (2048, 1.0, 1e-5, 200, 2)
+    # the seed's micro-batch 1 x accumulation 4 of padded conversations, as 2 x 2 packed rows (README: Speed)
+    assert (s.packing, s.micro_batch, s.grad_accum, s.attention, s.gradient_checkpointing) == (
+        True, 2, 2, "auto", "auto")
     assert (s.zero_stage, s.probe_steps, s.max_steps) == ("auto", 50, -1)
 
 
@@ -30,8 +32,11 @@ GOOD = [
     ("SFT_LEARNING_RATE", "2e-5", "learning_rate", 2e-5),
     ("SFT_SAVE_STEPS", "50", "save_steps", 50),
     ("SFT_SAVE_TOTAL_LIMIT", "3", "save_total_limit", 3),
-    ("SFT_GRADIENT_CHECKPOINTING", "false", "gradient_checkpointing", False),
-    ("SFT_GRADIENT_CHECKPOINTING", "1", "gradient_checkpointing", True),
+    ("SFT_GRADIENT_CHECKPOINTING", "false", "gradient_checkpointing", "false"),
+    ("SFT_GRADIENT_CHECKPOINTING", "1", "gradient_checkpointing", "true"),
+    ("SFT_GRADIENT_CHECKPOINTING", "auto", "gradient_checkpointing", "auto"),
+    ("SFT_PACKING", "no", "packing", False),
+    ("SFT_ATTENTION", "sdpa", "attention", "sdpa"),
     ("SFT_SEED", "7", "seed", 7),
     ("SFT_GPUS", "0,1,2,3", "gpus", "0,1,2,3"),
     ("SFT_LAUNCHER", "deepspeed", "launcher", "deepspeed"),
@@ -57,7 +62,9 @@ BAD = [
     ("SFT_MICRO_BATCH", "0", "expected at least 1"),
     ("SFT_GRAD_ACCUM", "1.5", "expected a whole number"),
     ("SFT_LEARNING_RATE", "fast", "expected a number"),
-    ("SFT_GRADIENT_CHECKPOINTING", "maybe", "expected true or false"),
+    ("SFT_GRADIENT_CHECKPOINTING", "maybe", "expected true or false (1/0, yes/no, on/off), or auto"),
+    ("SFT_PACKING", "auto", "expected true or false (1/0, yes/no, on/off)"),
+    ("SFT_ATTENTION", "flash", "expected one of auto, flex_attention, sdpa, eager"),
     ("SFT_GPUS", "0,,1", "expected all, or GPU indices such as 0,1,2,3"),
     ("SFT_GPUS", "1,1", "a GPU is listed twice"),
     ("SFT_LAUNCHER", "mpirun", "expected one of torchrun, deepspeed"),
@@ -144,6 +151,6 @@ def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     assert printed["settings"]["zero_stage"] == "3-offload" and printed["ranks"] == 2
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert '"auto"' not in json.dumps(ds)
-    assert ds["train_batch_size"] == 2 * 2 * 4 and ds["optimizer"]["params"]["lr"] == 1e-5
+    assert ds["train_batch_size"] == 2 * 2 * 2 and ds["optimizer"]["params"]["lr"] == 1e-5
     assert ds["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # hidden_size**2, as the Trainer fills it
     assert not (tmp_path / "out").exists()
