@@ -49,7 +49,7 @@ KEEP = 2
 EPOCH_STEPS = 64  # 512 conversations / (2 ranks x micro-batch 1 x accumulation 4)
 JOB = dict(zero_stage="2", precision="fp32", seed=0, learning_rate=2e-3, logging_steps=1, probe_steps=0,
            save_steps=8, save_total_limit=KEEP, upload_minutes=UPLOAD_MINUTES, packing="false")
-FAST_EXIT_S = 60  # a start refused before training: python, torch and huggingface_hub imports, a few requests
+FAST_EXIT_S = 30  # a start refused before training: python, torch and huggingface_hub imports, a few requests
 
 # Everything the job runs wrote or printed, searched for the token by the last test.
 SCANNED_DIRS: list[Path] = []
