@@ -9,9 +9,19 @@ VENV ?= .venv
 IMAGE ?= sft-zero:latest
 # override the Dockerfile's pinned CUDA devel base (empty: its default)
 BASE_IMAGE ?=
+# the docker command; it must build with BuildKit (the buildx plugin, or Debian's docker.io CLI)
+DOCKER ?= docker
+# a CA bundle pip needs to reach PyPI (default: pip's own PIP_CERT), handed to the build as a secret
+PIP_CERT ?=
+# the image's OCI labels
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+SOURCE_URL ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
+# the tag of the CI variant `make test-image` builds (CPU torch, Debian base)
+CI_IMAGE ?= sft-zero:ci
 # host folder mounted at /data by `make run` and `make probe`
 DATA ?= $(CURDIR)/data
 PY := $(VENV)/bin/python
+comma := ,
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,11 +39,14 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 test:  ## the test suite (CPU; GPU tests skip with their reason)
 	$(PY) -m pytest -q
 
-image:  ## build the image users run (CUDA devel base)
-	docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
+image:  ## build the image users run (CUDA devel base) and print its size
+	DOCKER_BUILDKIT=1 $(DOCKER) build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	  $(if $(PIP_CERT),--secret id=pipcert$(comma)src=$(PIP_CERT)) \
+	  --build-arg VERSION=$(VERSION) --build-arg SOURCE_URL=$(SOURCE_URL) -t $(IMAGE) .
+	@$(DOCKER) images $(IMAGE) --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
 
-test-image:  ## build the CI variant of the image and run it as a user would
-	scripts/test-image.sh
+test-image:  ## build the CI variant of the image (CPU, Debian base) and check it as a user runs it
+	IMAGE=$(CI_IMAGE) scripts/test-image.sh
 
 run:  ## the job in the image, on every GPU, output in $(DATA)
 	docker run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE)

@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
 # The one install step the image and a host share: every Python dependency, pinned by requirements.lock.
 #   scripts/install-deps.sh [PYTHON]      (default: python3; the host's `make setup` passes the venv's)
-# DS_BUILD_CPU_ADAM=1 compiles DeepSpeed's CPU Adam into the package now (the image does this, with
-# nvcc present), so the offload configs never compile on a user's first run.
+# Read from the environment:
+#   DS_BUILD_CPU_ADAM=1  compile DeepSpeed's CPU Adam into the package now (the image does this), so the
+#                        offload configs never compile on a user's first run
+#   PIP_FIND_LINKS       a folder with a torch wheel of another build, preferred over PyPI's (the image's
+#                        CI variant puts the CPU build there)
+#   PIP_CACHE_DIR        set: pip keeps its cache there (the image build's cache mount); unset: no cache
+#   DS_ACCELERATOR       cuda or cpu: the accelerator DeepSpeed's ops are built for (default: torch's build)
 set -euo pipefail
 python=${1:-python3}
 here=$(cd "$(dirname "$0")/.." && pwd)
-# torch first: DeepSpeed's build imports it to compile its ops.
-"$python" -m pip install --no-cache-dir "$(grep '^torch==' "$here/requirements.lock")"
-grep -v -e '^torch==' -e '^deepspeed==' "$here/requirements.lock" > /tmp/requirements.rest
-"$python" -m pip install --no-cache-dir -r /tmp/requirements.rest
-DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM="${DS_BUILD_CPU_ADAM:-0}" \
-  "$python" -m pip install --no-cache-dir --no-build-isolation --no-deps "$(grep '^deepspeed==' "$here/requirements.lock")"
-rm -f /tmp/requirements.rest
+lock="$here/requirements.lock"
+cache=(--no-cache-dir)
+if [ -n "${PIP_CACHE_DIR:-}" ]; then cache=(); fi
+pin() { grep "^$1==" "$lock"; }
+
+# The tools that build DeepSpeed from its sdist, pinned: a new setuptools can break an old setup.py.
+"$python" -m pip install "${cache[@]}" --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
+# torch first: DeepSpeed's build imports it to compile its ops. Its own dependencies as the lock pins them.
+"$python" -m pip install "${cache[@]}" -c "$lock" "$(pin torch)"
+rest=$(mktemp)
+grep -v -e '^torch==' -e '^deepspeed==' "$lock" > "$rest"
+"$python" -m pip install "${cache[@]}" -r "$rest"
+rm -f "$rest"
+# DeepSpeed records the accelerator its ops were built for and loads a prebuilt op only under the same
+# one. A build with no GPU (docker build) would detect and record "cpu": follow torch's build instead.
+accelerator=${DS_ACCELERATOR:-$("$python" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')}
+# On the CPU accelerator every start of the ranks also loads the shared-memory comm op (about 45 s to
+# compile on 2 cores, into a cache a container loses): prebuild it together with CPU Adam.
+shm_comm=0
+if [ "$accelerator" = cpu ] && [ "${DS_BUILD_CPU_ADAM:-0}" = 1 ]; then shm_comm=1; fi
+# Never from pip's cache: a cached DeepSpeed wheel would ignore DS_BUILD_CPU_ADAM and the torch it was built on.
+DS_ACCELERATOR=$accelerator DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM="${DS_BUILD_CPU_ADAM:-0}" DS_BUILD_SHM_COMM=$shm_comm \
+  "$python" -m pip install --no-cache-dir --no-build-isolation --no-deps "$(pin deepspeed)"
