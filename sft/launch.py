@@ -107,7 +107,11 @@ class Launch:
     def run(self) -> int:
         """Run to the end; return the launcher's exit code."""
         print("$ " + " ".join(self.cmd), flush=True)
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO_ROOT, env=environment(self.settings, self.ranks), start_new_session=True)
+        # The launcher runs in its own session (signals reach this process first) and dies with it
+        # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
+        guarded = [sys.executable, "-m", "sft.launch", str(os.getpid()), *self.cmd]
+        self.proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=environment(self.settings, self.ranks),
+                                     start_new_session=True)
         while True:
             try:
                 return self.proc.wait(timeout=1)
@@ -140,3 +144,22 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG).
+
+    Written by hand: neither torchrun nor the deepspeed launcher ties its ranks' lives to whoever
+    started it, and subprocess's preexec_fn is unsafe here (the uploader thread runs in this process).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG; kept across exec
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # the parent died before the request took effect
+
+
+if __name__ == "__main__":
+    # python -m sft.launch PARENT_PID CMD...: the launcher, bound to the controller's life.
+    die_with_parent(int(sys.argv[1]))
+    os.execvp(sys.argv[2], sys.argv[2:])

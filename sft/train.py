@@ -22,11 +22,13 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from .checkpoints import RECORD
+from .launch import die_with_parent
 
 RANK_OOM_EXIT = 42
 
 
 def main(spec_path: str) -> int:
+    die_with_parent()  # a rank whose launcher was killed must not train on alone
     spec = json.loads(Path(spec_path).read_text())
     on_gpu = _setup_distributed()
     stop = StopRequest(Path(spec["stop_file"]))
