@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import nodes
+
 PREFIX = "SFT_"
 STAGES = ("auto", "1", "2", "3", "3-offload", "3-offload-all")
 LAUNCHERS = ("torchrun", "deepspeed")
@@ -32,6 +34,7 @@ ECOSYSTEM_VARS = {
     "HF_HOME": "Hugging Face cache (models, datasets); in the image, under the mounted /data.",
     "HF_HUB_OFFLINE": "1: never contact the Hub (models and data must be local or cached).",
     "CUDA_VISIBLE_DEVICES": "The GPUs the container sees; SFT_GPUS picks among them.",
+    **nodes.VARIABLES,
 }
 
 
@@ -81,6 +84,10 @@ class Settings:
     hub_repo: str | None = _setting(None, "Private Hugging Face repo (owner/name) for checkpoints; unset: no upload.")
     upload_minutes: float = _setting(30.0, "Minutes between checkpoint uploads to SFT_HUB_REPO.", gt=0)
     stop_grace_seconds: int = _setting(300, "On SIGTERM, seconds allowed to save a checkpoint and upload it.", min=0)
+    node_timeout_seconds: int = _setting(300, "Seconds a node waits for the others: to join at start, and in every "
+                                         "collective (the process-group timeout), so a lost node fails the job on "
+                                         "every node instead of hanging it. Keep it above the longest wait at a "
+                                         "collective (tokenising the data, writing a checkpoint).", min=1)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -133,6 +140,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             values[f.name] = _parse(f, raw.strip())
         except ValueError as e:
             problems.append(_bad(var, raw, str(e)))
+    problems += nodes.problems(environ, values.get("launcher", LAUNCHERS[0]))
     if not problems:
         settings = Settings(**values)
         problems += check(settings)

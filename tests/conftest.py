@@ -13,11 +13,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "demo" / "tiny-qwen3"
 DEMO_DATA = REPO / "demo" / "chat.jsonl"
+# Read by the job to find the other nodes: a test run inside a SLURM or torchrun job must not inherit them.
+NODE_VARS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_")
 
 
 def clean_environ(tmp_path: Path) -> dict[str, str]:
     """The test process's environment without any SFT_* or Hub variable, caches under tmp_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SFT_", "HF_", "HUGGING"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SFT_", "HF_", "HUGGING", *NODE_VARS))}
     env.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     return env
@@ -27,7 +29,7 @@ def clean_environ(tmp_path: Path) -> dict[str, str]:
 def isolated_env(monkeypatch, tmp_path):
     """Every variable the job reads, cleared for this test (the job reads os.environ directly)."""
     for key in list(os.environ):
-        if key.startswith(("SFT_", "HF_", "HUGGING")):
+        if key.startswith(("SFT_", "HF_", "HUGGING", *NODE_VARS)):
             monkeypatch.delenv(key)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

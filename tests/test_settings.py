@@ -45,6 +45,7 @@ GOOD = [
     ("SFT_DATASET", str(DEMO_DATA), "dataset", str(DEMO_DATA)),
     ("SFT_DATASET", "HuggingFaceH4/ultrachat_200k", "dataset", "HuggingFaceH4/ultrachat_200k"),
     ("SFT_HUB_REPO", "alice/qwen3-sft", "hub_repo", "alice/qwen3-sft"),
+    ("SFT_NODE_TIMEOUT_SECONDS", "30", "node_timeout_seconds", 30),
 ]
 
 
@@ -74,6 +75,7 @@ BAD = [
     ("SFT_DATASET", str(DEMO_MODEL / "chat_template.jinja"), "expected a .jsonl, .json, .parquet file"),
     ("SFT_DS_CONFIG", "/nonexistent.json", "no such file"),
     ("SFT_HUB_REPO", "just-a-name", "expected a repo id such as"),
+    ("SFT_NODE_TIMEOUT_SECONDS", "0", "expected at least 1"),
 ]
 
 
