@@ -58,6 +58,10 @@ def problem(checkpoint: Path) -> str | None:
         return "no DeepSpeed state (`latest` or its shards missing)"
     if ranks != list(range(len(ranks))):
         return f"shards of ranks {ranks}: some rank's shard is missing"
+    # on several nodes the last ranks' shards come from another machine: count them against the record
+    world = recorded(checkpoint).get("world_size", len(ranks))
+    if len(ranks) != world:
+        return f"shards of {len(ranks)} of the {world} ranks that wrote it"
     return None
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .nodes import Nodes
 from .settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -28,29 +29,35 @@ KILL_AFTER_SECONDS = 15
 class Ranks:
     """How many ranks run, and on which devices."""
 
-    count: int
+    count: int  # on this node
     gpus: tuple[int, ...]  # empty: CPU ranks on gloo
+    nodes: int = 1  # every node runs as many ranks (the nodes check it at start)
 
     @property
     def on_gpu(self) -> bool:
         return bool(self.gpus)
 
+    @property
+    def world(self) -> int:
+        """Ranks of the whole job: what ZeRO shards over and what a checkpoint records."""
+        return self.count * self.nodes
 
-def detect_ranks(s: Settings) -> Ranks:
+
+def detect_ranks(s: Settings, nodes: int = 1) -> Ranks:
     """One rank per selected GPU; on a machine with no GPU, SFT_CPU_RANKS ranks on CPU."""
     import torch
 
     visible = torch.cuda.device_count()
     if visible == 0:
-        return Ranks(s.cpu_ranks, ())
+        return Ranks(s.cpu_ranks, (), nodes)
     if s.gpus == "all":
-        return Ranks(visible, tuple(range(visible)))
+        return Ranks(visible, tuple(range(visible)), nodes)
     chosen = tuple(int(g) for g in s.gpus.split(","))
     missing = [g for g in chosen if g >= visible]
     if missing:
         raise LaunchError(f"SFT_GPUS={s.gpus!r}: this machine has {visible} GPU(s) (0-{visible - 1}); "
                           f"no GPU {', '.join(map(str, missing))}")
-    return Ranks(len(chosen), chosen)
+    return Ranks(len(chosen), chosen, nodes)
 
 
 class LaunchError(Exception):
@@ -63,16 +70,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def command(s: Settings, ranks: Ranks, spec_path: Path, port: int) -> list[str]:
-    """The launcher command line, as the seed writes it by hand."""
+def command(s: Settings, ranks: Ranks, spec_path: Path, nodes: Nodes, port: int) -> list[str]:
+    """The launcher command line, as the seed writes it by hand; torchrun's static rendezvous across nodes."""
     if s.launcher == "deepspeed":
         # On CPU DeepSpeed's accelerator counts one device, so --include would refuse a second slot.
         where = ["--include", "localhost:" + ",".join(map(str, ranks.gpus))] if ranks.on_gpu else [
             "--num_gpus", str(ranks.count)]
         return [shutil.which("deepspeed") or "deepspeed", *where, "--master_port", str(port),
                 "--module", "sft.train", str(spec_path)]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks.count}",
-            "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "sft.train", str(spec_path)]
+    # --rdzv-conf timeout: how long node 0's agent waits for the other nodes' agents at each launch
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}",
+            f"--node-rank={nodes.node_rank}", f"--nproc-per-node={ranks.count}", f"--master-addr={nodes.master_addr}",
+            f"--master-port={port}", f"--rdzv-conf=timeout={s.node_timeout_seconds}", "-m", "sft.train",
+            str(spec_path)]
 
 
 def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
@@ -98,9 +108,9 @@ def _visible_devices(gpus: tuple[int, ...]) -> str:
 class Launch:
     """One run of the ranks; `stop()` asks them to save and stop, then enforces the grace period."""
 
-    def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path):
+    def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path, nodes: Nodes = Nodes()):
         self.settings, self.ranks, self.stop_file = s, ranks, stop_file
-        self.cmd = command(s, ranks, spec_path, free_port())
+        self.cmd = command(s, ranks, spec_path, nodes, nodes.master_port or free_port())
         self.deadline: float | None = None
         self.proc: subprocess.Popen | None = None
 
@@ -144,6 +154,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
 
 def die_with_parent(parent: int | None = None) -> None:
     """Have the kernel SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG).

@@ -30,7 +30,7 @@ RANK_OOM_EXIT = 42
 def main(spec_path: str) -> int:
     die_with_parent()  # a rank whose launcher was killed must not train on alone
     spec = json.loads(Path(spec_path).read_text())
-    on_gpu = _setup_distributed()
+    on_gpu = _setup_distributed(spec["settings"]["node_timeout_seconds"])
     stop = StopRequest(Path(spec["stop_file"]))
     signal.signal(signal.SIGTERM, stop.on_signal)
     report: dict[str, Any] = {"mode": spec["mode"], "status": "started"}
@@ -60,15 +60,17 @@ def _simulated_oom(spec: dict) -> None:
         raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for ZeRO {spec['stage']} by SFTTEST_OOM_STAGES)")
 
 
-def _setup_distributed() -> bool:
+def _setup_distributed(timeout_s: int) -> bool:
     """Make the process state before the Trainer's arguments, or ranks disagree on the world size on CPU."""
     if torch.cuda.is_available():
-        return True
+        return True  # the Trainer makes it, with ddp_timeout
     # FACTS.md: on CPU the Trainer + DeepSpeed need the gloo state made first, and then told to use it.
+    from datetime import timedelta
+
     from accelerate import PartialState
 
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
-    PartialState(backend="gloo")
+    PartialState(backend="gloo", timeout=timedelta(seconds=timeout_s))
     return False
 
 
@@ -99,6 +101,8 @@ def trainer_arguments(s: dict, mode: str, output_dir: str, ds_config: str | None
         seed=s["seed"],
         data_seed=s["seed"],
         report_to="none",
+        # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
+        ddp_timeout=s["node_timeout_seconds"],
         model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": s["attention"]},
         # On CPU ranks the gloo state made in _setup_distributed must be used (FACTS.md).
         accelerator_config={"use_configured_state": in_rank and not on_gpu},
