@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoints, dsconfig, exitcodes, probe, report
+from . import checkpoints, coordinate, dsconfig, exitcodes, nodes, probe, report
 from .launch import Launch, Ranks, detect_ranks
 from .settings import Settings
 from .train import RANK_OOM_EXIT
@@ -77,16 +77,30 @@ def finished(paths: Paths) -> bool:
 
 
 def run(s: Settings, probe_only: bool = False) -> int:
-    """The whole job; returns its exit code."""
-    return Job(s).run(probe_only)
+    """The whole job; returns its exit code. Node 0 runs it; other nodes start their ranks as node 0 says."""
+    where = nodes.from_env(os.environ)
+    try:
+        team = coordinate.join(s, where, detect_ranks(s, where.nnodes))
+    except coordinate.NodesFailed as e:
+        print(f"error: {e}", flush=True)
+        return exitcodes.PREFLIGHT
+    if not team.leads:
+        return team.follow(Stopper())
+    code = exitcodes.FAILED  # an exception here must still release the other nodes
+    try:
+        code = Job(s, team).run(probe_only)
+    finally:
+        team.finish(code)
+    return code
 
 
 class Job:
     """One start of the job: what it decided and measured, gathered into the summary."""
 
-    def __init__(self, s: Settings):
+    def __init__(self, s: Settings, team: coordinate.Team):
         self.s, self.paths, self.stopper = s, Paths(s.output_path), Stopper()
-        self.summary: dict[str, Any] = {"settings": s.to_dict(), "escalations": []}
+        self.team, self.ranks = team, team.ranks
+        self.summary: dict[str, Any] = {"settings": s.to_dict(), "nodes": team.nodes.nnodes, "escalations": []}
         self.target = None  # the Hub repo, once preflight checked it
         self.uploader = None
 
@@ -97,7 +111,6 @@ class Job:
             self.target = self._connect_hub()
             if not probe_only and self._already_done():
                 return exitcodes.DONE
-            self.ranks = detect_ranks(self.s)
             self.stopper.install()
             self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
             report.write_json(self.paths.run / "settings.json", self.s.to_dict())
@@ -172,9 +185,9 @@ class Job:
         if preflight.failed(checks):
             print("error: preflight found problems that make this run impossible (above)", flush=True)
             return exitcodes.PREFLIGHT
-        if resume is not None and checkpoints.recorded(resume).get("world_size", self.ranks.count) != self.ranks.count:
+        if resume is not None and checkpoints.recorded(resume).get("world_size", self.ranks.world) != self.ranks.world:
             print(f"error: {resume.name} was written by {checkpoints.recorded(resume)['world_size']} ranks and this "
-                  f"start has {self.ranks.count}. DeepSpeed cannot load ZeRO shards into another number of ranks: "
+                  f"start has {self.ranks.world}. DeepSpeed cannot load ZeRO shards into another number of ranks: "
                   f"start on as many GPUs (SFT_GPUS), or convert the checkpoint with DeepSpeed's universal "
                   f"checkpointing (python -m deepspeed.checkpoint.ds_to_universal) first", flush=True)
             return exitcodes.PREFLIGHT
@@ -189,7 +202,7 @@ class Job:
         from . import plan
 
         def make(checkpointing: bool):
-            return plan.plan_from_shape(shape, self.ranks.count, _rank_memory_gib(self.ranks),
+            return plan.plan_from_shape(shape, self.ranks.count, _rank_memory_gib(self.ranks), nodes=self.ranks.nodes,
                                         micro_batch=self.s.micro_batch, max_length=self.s.max_length,
                                         gradient_checkpointing=checkpointing, host_memory_gib=_host_memory_gib(),
                                         ds_configs={o: dsconfig.load(o) for o in dsconfig.FILES})
@@ -256,7 +269,7 @@ class Job:
 
     def _probe_once(self) -> int:
         s = self.s
-        print(f"probe: {s.probe_steps} steps with ZeRO {self.stage} on {self.ranks.count} rank(s)", flush=True)
+        print(f"probe: {s.probe_steps} steps with ZeRO {self.stage} on {self.ranks.world} rank(s)", flush=True)
         spec = self._spec("probe", trainer_output_dir=str(self.paths.run / "probe"), max_steps=s.probe_steps)
         code = self._launch(spec)
         reports = self._rank_reports("probe")
@@ -264,7 +277,7 @@ class Job:
             return exitcodes.STOPPED
         if code == RANK_OOM_EXIT or any(r.get("status") == "oom" for r in reports):
             raise ProbeOutOfMemory("the probe ran out of GPU memory")
-        if code != 0 or len(reports) != self.ranks.count or any(r["status"] != "done" for r in reports):
+        if code != 0 or len(reports) != self.ranks.world or any(r["status"] != "done" for r in reports):
             print(f"error: the probe failed (launcher exit code {code}); see the ranks' output above", flush=True)
             return exitcodes.PROBE_FAILED
         fig = probe.figures(reports, s.to_dict())
@@ -345,18 +358,21 @@ class Job:
         return [r for r in found if r]
 
     def _launch(self, spec: Path) -> int:
-        launch = Launch(self.s, self.ranks, spec, self.paths.stop_file)
+        launch = Launch(self.s, self.ranks, spec, self.paths.stop_file, self.team.nodes)
         self.stopper.launch = launch
         try:
-            return launch.run()
+            self.team.announce(spec, self.paths.stop_file)  # the other nodes start their ranks on the same spec
+            code = launch.run()
         finally:
             self.stopper.launch = None
+        self.team.after_launch(code)
+        return code
 
     # -- the end --------------------------------------------------------------------------------
 
     def _close(self, code: int, status: str) -> int:
         self.summary.update(stage=getattr(self, "stage", None), ranks=getattr(self, "ranks", None) and
-                            self.ranks.count, status=status, exit_code=code)
+                            self.ranks.world, status=status, exit_code=code)
         if hasattr(self, "checkpointing"):
             self.summary["resolved"] = self.resolved()
         train = self.summary.get("train") or {}
