@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "demo" / "tiny-qwen3"
 DEMO_DATA = REPO / "demo" / "chat.jsonl"
 # Read by the job to find the other nodes: a test run inside a SLURM or torchrun job must not inherit them.
-NODE_VARS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_")
+NODE_VARS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "PET_", "SLURM_")
 
 
 def clean_environ(tmp_path: Path) -> dict[str, str]:

@@ -1,0 +1,276 @@
+"""Several nodes, one job: the node variables, and two entrypoint.py processes as two nodes over 127.0.0.1.
+
+On one machine the output folder is shared by construction, as SFT_OUTPUT_DIR must be between real
+nodes (README: Several machines). Each node runs one CPU rank, so the two-node job has the world of
+one node with two ranks, and must give its losses.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+from sft import checkpoints, coordinate, exitcodes
+from sft.launch import Ranks, command
+from sft.nodes import Nodes, NodesError, first_host, from_env
+from sft.settings import Settings
+
+# ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 across layouts (FACTS.md).
+JOB = dict(zero_stage="3", packing="false", precision="fp32", seed=0, logging_steps=1, max_steps=24, save_steps=4,
+           learning_rate=2e-3, probe_steps=0, node_timeout_seconds=30)
+TIMEOUT = JOB["node_timeout_seconds"]
+
+# -- the node variables ---------------------------------------------------------------------------
+
+PARSED = [
+    ({}, Nodes()),
+    ({"NNODES": "1", "MASTER_ADDR": "10.0.0.1"}, Nodes()),  # one node: nothing to reach
+    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"},
+     Nodes(2, 1, "10.0.0.1", 1234)),
+    ({"NNODES": "4", "NODE_RANK": "0", "MASTER_ADDR": "head"}, Nodes(4, 0, "head", 29500)),
+    ({"SLURM_NNODES": "4", "SLURM_NODEID": "3", "SLURM_JOB_NODELIST": "gpu[01-04,07],cpu3"},
+     Nodes(4, 3, "gpu01", 29500)),
+    ({"SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "a,b", "MASTER_ADDR": "10.1.1.1",
+      "MASTER_PORT": "6000"}, Nodes(2, 1, "10.1.1.1", 6000)),
+    ({"SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07"}, Nodes()),
+    # a Kubeflow PyTorchJob pod: torchrun's PET_ names, MASTER_* plain
+    ({"PET_NNODES": "3", "PET_NODE_RANK": "2", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
+      "WORLD_SIZE": "3", "RANK": "2"}, Nodes(3, 2, "job-master-0", 23456)),
+    # NNODES wins over SLURM's own (a torchrun-style script inside an allocation)
+    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "x", "SLURM_NNODES": "8", "SLURM_NODEID": "5",
+      "SLURM_JOB_NODELIST": "n[1-8]"}, Nodes(2, 1, "x", 29500)),
+]
+
+
+@pytest.mark.parametrize("environ,nodes", PARSED)
+def test_node_variables(environ, nodes):
+    assert from_env(environ) == nodes
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("gpu[01-04,07],cpu3", "gpu01"), ("node1,node2", "node1"), ("a[1-2]-ib", "a1-ib"),
+    ("rack[1-2]-n[01-04]", "rack1-n01"), ("x[7]", "x7"), ("single", "single"), ("gpu[10,02]", "gpu10")])
+def test_first_host_of_a_slurm_nodelist(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+BAD_NODES = [
+    ({"NNODES": "two"}, ["NNODES='two': expected a whole number"]),
+    ({"NNODES": "0"}, ["NNODES='0': expected at least 1"]),
+    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h"}, ["NODE_RANK='2': expected 0 to 1 (NNODES=2)"]),
+    ({"NNODES": "2", "NODE_RANK": "-1", "MASTER_ADDR": "h"}, ["NODE_RANK='-1': expected at least 0"]),
+    ({"NODE_RANK": "1"}, ["NODE_RANK='1': expected 0 to 0 (NNODES=1)"]),
+    ({"NNODES": "2"}, ["MASTER_ADDR: not set; with NNODES=2"]),
+    ({"MASTER_PORT": "65535"}, ["MASTER_PORT='65535': expected a port number from 1 to 65534"]),
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "5", "PET_MASTER_ADDR": "h"}, ["PET_NODE_RANK='5': expected 0 to 1"]),
+    ({"SLURM_NNODES": "2", "SLURM_NODEID": "x", "SLURM_JOB_NODELIST": ""},
+     ["SLURM_NODEID='x': expected a whole number", "SLURM_JOB_NODELIST: not set; with SLURM_NNODES=2"]),
+]
+
+
+@pytest.mark.parametrize("environ,problems", BAD_NODES)
+def test_bad_node_variables(environ, problems):
+    with pytest.raises(NodesError) as e:
+        from_env(environ)
+    assert len(e.value.problems) == len(problems)
+    for got, want in zip(e.value.problems, problems):
+        assert got.startswith(want), got
+
+
+@pytest.mark.parametrize("extra,messages", [
+    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_PORT": "x", "SFT_SEED": "-1"},
+     ["NODE_RANK='2': expected 0 to 1", "MASTER_PORT='x': expected a port number", "MASTER_ADDR: not set",
+      "SFT_SEED='-1'"]),
+    ({"SLURM_NNODES": "3", "SLURM_NODEID": "3", "SLURM_JOB_NODELIST": "n[1-3]"},
+     ["SLURM_NODEID='3': expected 0 to 2 (SLURM_NNODES=3)"]),
+    ({"NNODES": "2", "MASTER_ADDR": "h", "SFT_LAUNCHER": "deepspeed"},
+     ["SFT_LAUNCHER='deepspeed': with 2 nodes use SFT_LAUNCHER=torchrun"]),
+])
+def test_bad_node_variables_exit_2_with_the_settings(tmp_path, extra, messages):
+    env = demo_env(tmp_path)
+    env.update(extra)
+    result = run_entrypoint(env, timeout=120)
+    assert result.returncode == exitcodes.BAD_SETTINGS, result.stdout + result.stderr
+    for message in messages:
+        assert message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_torchrun_command_names_the_nodes():
+    s = Settings(node_timeout_seconds=45)
+    cmd = command(s, Ranks(8, tuple(range(8)), 2), Path("spec.json"), Nodes(2, 1, "10.0.0.1", 29500), 29500)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    for arg in ("--nnodes=2", "--node-rank=1", "--nproc-per-node=8", "--master-addr=10.0.0.1",
+                "--master-port=29500", "--rdzv-conf=timeout=45"):
+        assert arg in cmd
+
+
+def test_a_checkpoint_without_every_nodes_shards_is_incomplete(tmp_path):
+    """On a shared folder the other node's shards may be missing: count them against the recorded world."""
+    from checkpoint_layout import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path, 4, ranks=2)
+    (ckpt / checkpoints.RECORD).write_text('{"stage": "3", "world_size": 4}')
+    assert checkpoints.problem(ckpt) == "shards of 2 of the 4 ranks that wrote it"
+    (ckpt / checkpoints.RECORD).write_text('{"stage": "3", "world_size": 2}')
+    assert checkpoints.problem(ckpt) is None
+
+
+def test_shared_folder_marker(tmp_path):
+    token = coordinate.write_marker(tmp_path / "a")
+    assert coordinate.marker_seen(tmp_path / "a", token, timeout_s=0)
+    assert not coordinate.marker_seen(tmp_path / "b", token, timeout_s=0.2)  # another machine's own disk
+    assert not coordinate.marker_seen(tmp_path / "a", "an earlier start's token", timeout_s=0)
+    message = coordinate.unshared(Settings(output_dir="/data/out", node_timeout_seconds=60), [1, 3])
+    assert message.startswith("SFT_OUTPUT_DIR is not shared between the nodes: node(s) 1, 3 did not see, within 60 s")
+
+
+def test_differences_name_the_node_and_the_settings():
+    s = Settings()
+    mine = coordinate.identity(s, Ranks(8, tuple(range(8))))
+    other = coordinate.identity(Settings(seed=7, max_steps=100), Ranks(4, tuple(range(4))))
+    other["code_sha256"] = "0" * 64
+    message = coordinate.differences(mine, {1: mine, 2: other})
+    assert "node 1" not in message
+    assert "node 2 runs other code than node 0" in message
+    assert "node 2's settings differ from node 0's: SFT_MAX_STEPS=100 (node 0: -1), SFT_SEED=7 (node 0: 42)" in message
+    assert "node 2 has 4 rank(s) and node 0 8" in message
+    assert coordinate.differences(mine, {1: mine}) is None
+
+
+# -- two processes as two nodes -----------------------------------------------------------------
+
+
+def free_port_pair() -> int:
+    """A port P with P+1 free too: torchrun's rendezvous and the controllers' store."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def node_env(tmp_path: Path, port: int, rank: int, **settings) -> dict[str, str]:
+    """Node RANK of two; the same SFT_OUTPUT_DIR for both (one machine: a shared folder)."""
+    env = demo_env(tmp_path, **{**JOB, "cpu_ranks": 1, **settings})
+    # one thread a rank, as in the one-node run: 2 cores for 2 ranks
+    env.update(NNODES="2", NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    return env
+
+
+def start(env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, str(REPO / "entrypoint.py")], env=env, cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def two_nodes(tmp_path: Path, tag: str, node1: dict | None = None, **settings) -> list[tuple[int, str]]:
+    """Both nodes to the end: (exit code, output) of node 0 and node 1; node1: settings of node 1 only."""
+    port = free_port_pair()
+    logs = [tmp_path / f"{tag}-node{rank}.log" for rank in (0, 1)]
+    envs = [node_env(tmp_path, port, 0, **settings), node_env(tmp_path, port, 1, **{**settings, **(node1 or {})})]
+    procs = [start(env, log) for env, log in zip(envs, logs)]
+    return [(p.wait(timeout=600), log.read_text()) for p, log in zip(procs, logs)]
+
+
+def kill_node(proc: subprocess.Popen) -> None:
+    """kill -9 of a whole node: its controller, the launcher (in its own session) and the ranks."""
+    root = psutil.Process(proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        p.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory) -> dict[int, float]:
+    """The reference: one node with two CPU ranks, the same job."""
+    tmp = tmp_path_factory.mktemp("one-node")
+    env = demo_env(tmp, **{**JOB, "cpu_ranks": 2})
+    env["OMP_NUM_THREADS"] = "1"
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return step_losses(read_summary(tmp / "out"))
+
+
+@pytest.mark.slow
+def test_two_nodes_give_the_losses_of_one_node_with_two_ranks(one_node, tmp_path):
+    # the probe first: node 1 follows node 0 through two launches
+    (code0, log0), (code1, log1) = two_nodes(tmp_path, "run", probe_steps=2)
+    assert code0 == 0, log0[-3000:]
+    assert code1 == 0 and "node 0 ended the job: exit code 0" in log1, log1[-3000:]
+    assert "--nnodes=2 --node-rank=1" in log1 and log1.count("$ ") == 2
+    summary = read_summary(tmp_path / "out")
+    assert (summary["status"], summary["nodes"], summary["ranks"], summary["probe"]["world_size"]) == ("done", 2, 2, 2)
+    losses = step_losses(summary)
+    assert losses.keys() == one_node.keys() and len(losses) == JOB["max_steps"]
+    worst = max(abs(losses[k] - one_node[k]) for k in losses)
+    assert worst < 1e-4, f"two nodes differ from one node with two ranks by {worst}"
+    newest = tmp_path / "out" / f"checkpoint-{JOB['max_steps']}"
+    assert checkpoints.problem(newest) is None and checkpoints.shard_ranks(newest) == [0, 1]
+
+
+@pytest.mark.slow
+def test_different_settings_stop_every_node_with_one_message(tmp_path):
+    (code0, log0), (code1, log1) = two_nodes(tmp_path, "mismatch", node1={"max_steps": 30})
+    message = "node 1's settings differ from node 0's: SFT_MAX_STEPS=30 (node 0: 24)"
+    assert code0 == code1 == exitcodes.PREFLIGHT, log0 + log1
+    assert message in log0 and message in log1
+    assert not (tmp_path / "out" / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_node_alone_fails_within_the_timeout(tmp_path):
+    port = free_port_pair()
+    started = time.monotonic()
+    follower = run_entrypoint(node_env(tmp_path, port, 1, node_timeout_seconds=2), timeout=120)
+    leader = run_entrypoint(node_env(tmp_path, port, 0, node_timeout_seconds=2), timeout=120)
+    assert time.monotonic() - started < 60
+    assert follower.returncode == exitcodes.PREFLIGHT
+    assert f"cannot reach the master node 127.0.0.1:{port + 1} within 2 s" in follower.stdout
+    assert leader.returncode == exitcodes.PREFLIGHT
+    assert "the other 1 node(s) did not join within 2 s" in leader.stdout
+
+
+@pytest.mark.slow
+def test_killed_node_fails_the_other_and_both_resume(one_node, tmp_path):
+    port = free_port_pair()
+    envs = [node_env(tmp_path, port, rank) for rank in (0, 1)]
+    logs = [tmp_path / f"node{rank}.log" for rank in (0, 1)]
+    node0, node1 = (start(env, log) for env, log in zip(envs, logs))
+    ready = tmp_path / "out" / "checkpoint-4" / "trainer_state.json"
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        assert node0.poll() is None and node1.poll() is None, logs[0].read_text()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint-4"
+        time.sleep(0.05)
+    kill_node(node1)  # its machine dies: no handler runs
+    killed = time.monotonic()
+    code = node0.wait(timeout=TIMEOUT + 60)
+    assert time.monotonic() - killed < TIMEOUT, "node 0 took longer than SFT_NODE_TIMEOUT_SECONDS to fail"
+    log = logs[0].read_text()
+    assert code == exitcodes.TRAIN_FAILED, log[-3000:]
+    assert "node 1 stopped answering" in log
+    # both started again: they resume from the newest complete checkpoint and finish
+    (code0, log0), (code1, log1) = two_nodes(tmp_path, "again")
+    assert code0 == code1 == 0, log0[-3000:] + log1[-3000:]
+    summary = read_summary(tmp_path / "out")
+    resumed = checkpoints.step_of(Path(summary["resumed_from"]))
+    assert resumed >= 4 and summary["train"]["global_step"] == JOB["max_steps"]
+    losses = step_losses(summary)
+    after = [k for k in one_node if k > resumed]
+    assert after and max(abs(losses[k] - one_node[k]) for k in after) < 1e-4
