@@ -33,8 +33,8 @@ setup:  ## make the venv and install requirements.lock (the same step the image 
 
 demo:  ## the whole job on the embedded tiny model and data, on CPU with two ranks
 	SFT_MODEL=demo/tiny-qwen3 SFT_DATASET=demo/chat.jsonl SFT_OUTPUT_DIR=output/demo \
-	SFT_ZERO_STAGE=2 SFT_PROBE_STEPS=10 SFT_SAVE_STEPS=20 SFT_LEARNING_RATE=2e-3 \
-	HF_HUB_OFFLINE=1 $(PY) entrypoint.py
+	SFT_MAX_LENGTH=128 SFT_MICRO_BATCH=1 SFT_GRAD_ACCUM=1 SFT_PROBE_STEPS=10 SFT_SAVE_STEPS=40 \
+	SFT_LEARNING_RATE=2e-3 HF_HUB_OFFLINE=1 $(PY) entrypoint.py
 
 test:  ## the test suite (CPU; GPU tests skip with their reason)
 	$(PY) -m pytest -q
