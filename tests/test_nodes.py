@@ -274,3 +274,29 @@ def test_killed_node_fails_the_other_and_both_resume(one_node, tmp_path):
     losses = step_losses(summary)
     after = [k for k in one_node if k > resumed]
     assert after and max(abs(losses[k] - one_node[k]) for k in after) < 1e-4
+
+
+# -- the shipped scheduler files ------------------------------------------------------------------
+
+
+def test_pytorchjob_manifest_runs_the_image_on_every_pod():
+    import yaml
+
+    job = yaml.safe_load((REPO / "scripts" / "pytorchjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["template"] == replicas["Master"]["template"]
+    (container,) = replicas["Master"]["template"]["spec"]["containers"]
+    assert container["name"] == "pytorch" and "command" not in container  # the image's own entrypoint
+    ports = sorted(p["containerPort"] for p in container["ports"])
+    assert ports[1] == ports[0] + 1  # MASTER_PORT and the controllers' MASTER_PORT+1
+    names = {e["name"] for e in container["env"]}
+    assert all(name.startswith(("SFT_", "HF_")) for name in names)
+    Settings(**{name[4:].lower(): "x" for name in names if name.startswith("SFT_")})  # every one a real setting
+
+
+def test_slurm_script_is_valid_bash_and_passes_slurms_node_variables():
+    script = REPO / "scripts" / "slurm.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert all(f"-e {name}" in text for name in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_NODELIST"))
