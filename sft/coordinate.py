@@ -131,7 +131,7 @@ class Team:
         else:
             self._claim_rank()
             self._set(f"identity/{self.nodes.node_rank}", me)
-            agreed = self._heed("agreed", timeout)
+            agreed = self._heed("agreed", timeout + BYE_S)  # node 0 may still wait for a slower node
             self._set(f"shared/{self.nodes.node_rank}", marker_seen(self.s.output_path, agreed["token"], timeout))
             self._heed("ready", timeout + BYE_S)
         print(f"nodes: {self.nodes.nnodes} nodes run the same settings, code and versions, {self.ranks.count} "
@@ -156,7 +156,11 @@ class Team:
 
     def _claim_rank(self) -> None:
         # A second claim is a node started with a taken NODE_RANK, or one restarted alone into a running job.
-        if self.store.add(f"rank/{self.nodes.node_rank}", 1) > 1:
+        try:
+            claims = self.store.add(f"rank/{self.nodes.node_rank}", 1)
+        except RuntimeError as e:
+            raise NodesFailed(self._lost_master(e)) from None
+        if claims > 1:
             raise NodesFailed(f"a node with NODE_RANK={self.nodes.node_rank} already joined this job: give each "
                               "node its own NODE_RANK; after a node restarts alone, start every node again")
 

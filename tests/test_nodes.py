@@ -246,33 +246,46 @@ def test_a_node_alone_fails_within_the_timeout(tmp_path):
     assert "the other 1 node(s) did not join within 2 s" in leader.stdout
 
 
+def wait_for(path: Path, procs: list[subprocess.Popen], log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert all(p.poll() is None for p in procs), log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_killed_node_fails_the_other_and_both_resume(one_node, tmp_path):
+def test_killed_node_fails_the_other_a_stop_stops_both_and_they_resume(one_node, tmp_path):
+    """kill -9 of node 1: node 0 fails within the timeout. Started again, SIGTERM to node 1 alone stops
+    both (the stop file is in the shared folder). Started again, they finish with one node's losses."""
     port = free_port_pair()
     envs = [node_env(tmp_path, port, rank) for rank in (0, 1)]
     logs = [tmp_path / f"node{rank}.log" for rank in (0, 1)]
-    node0, node1 = (start(env, log) for env, log in zip(envs, logs))
-    ready = tmp_path / "out" / "checkpoint-4" / "trainer_state.json"
-    deadline = time.monotonic() + 300
-    while not ready.exists():
-        assert node0.poll() is None and node1.poll() is None, logs[0].read_text()[-3000:]
-        assert time.monotonic() < deadline, "no checkpoint-4"
-        time.sleep(0.05)
-    kill_node(node1)  # its machine dies: no handler runs
+    nodes = [start(env, log) for env, log in zip(envs, logs)]
+    wait_for(tmp_path / "out" / "checkpoint-4" / "trainer_state.json", nodes, logs[0])
+    kill_node(nodes[1])  # its machine dies: no handler runs
     killed = time.monotonic()
-    code = node0.wait(timeout=TIMEOUT + 60)
+    code = nodes[0].wait(timeout=TIMEOUT + 60)
     assert time.monotonic() - killed < TIMEOUT, "node 0 took longer than SFT_NODE_TIMEOUT_SECONDS to fail"
     log = logs[0].read_text()
     assert code == exitcodes.TRAIN_FAILED, log[-3000:]
     assert "node 1 stopped answering" in log
-    # both started again: they resume from the newest complete checkpoint and finish
+
+    nodes = [start(env, log) for env, log in zip(envs, logs)]
+    wait_for(tmp_path / "out" / "checkpoint-12" / "trainer_state.json", nodes, logs[0])
+    nodes[1].terminate()  # a scheduler stops one node
+    codes = [p.wait(timeout=120) for p in nodes]
+    assert codes == [exitcodes.STOPPED] * 2, logs[0].read_text()[-3000:]
+    stopped = read_summary(tmp_path / "out")["train"]["global_step"]
+    assert 12 <= stopped < JOB["max_steps"] and checkpoints.problem(tmp_path / "out" / f"checkpoint-{stopped}") is None
+
     (code0, log0), (code1, log1) = two_nodes(tmp_path, "again")
     assert code0 == code1 == 0, log0[-3000:] + log1[-3000:]
     summary = read_summary(tmp_path / "out")
-    resumed = checkpoints.step_of(Path(summary["resumed_from"]))
-    assert resumed >= 4 and summary["train"]["global_step"] == JOB["max_steps"]
+    assert summary["resumed_from"].endswith(f"checkpoint-{stopped}")
+    assert summary["train"]["global_step"] == JOB["max_steps"]
     losses = step_losses(summary)
-    after = [k for k in one_node if k > resumed]
+    after = [k for k in one_node if k > stopped]
     assert after and max(abs(losses[k] - one_node[k]) for k in after) < 1e-4
 
 
