@@ -17,6 +17,8 @@ import psutil
 import pytest
 
 from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+from hub_fixtures import WRITE_TOKEN, client_env, hub_process  # noqa: F401  (hub_process: a fixture)
+from hubserver import RepoStore
 from sft import checkpoints, coordinate, exitcodes
 from sft.launch import Ranks, command
 from sft.nodes import Nodes, NodesError, first_host, from_env
@@ -179,11 +181,15 @@ def start(env: dict[str, str], log: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT)
 
 
-def two_nodes(tmp_path: Path, tag: str, node1: dict | None = None, **settings) -> list[tuple[int, str]]:
-    """Both nodes to the end: (exit code, output) of node 0 and node 1; node1: settings of node 1 only."""
+def two_nodes(tmp_path: Path, tag: str, node1: dict | None = None, extra: tuple[dict, dict] = ({}, {}),
+              **settings) -> list[tuple[int, str]]:
+    """Both nodes to the end: (exit code, output) of node 0 and node 1; node1: settings of node 1 only,
+    extra: other variables of each node."""
     port = free_port_pair()
     logs = [tmp_path / f"{tag}-node{rank}.log" for rank in (0, 1)]
     envs = [node_env(tmp_path, port, 0, **settings), node_env(tmp_path, port, 1, **{**settings, **(node1 or {})})]
+    for env, more in zip(envs, extra):
+        env.update(more)
     procs = [start(env, log) for env, log in zip(envs, logs)]
     return [(p.wait(timeout=600), log.read_text()) for p, log in zip(procs, logs)]
 
@@ -208,9 +214,11 @@ def one_node(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_two_nodes_give_the_losses_of_one_node_with_two_ranks(one_node, tmp_path):
-    # the probe first: node 1 follows node 0 through two launches
-    (code0, log0), (code1, log1) = two_nodes(tmp_path, "run", probe_steps=2)
+def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_shard(one_node, hub_process, tmp_path):
+    # the probe first: node 1 follows node 0 through two launches; node 0 alone uploads, and needs the token
+    hub = client_env(hub_process.url, tmp_path / "hf-home")
+    (code0, log0), (code1, log1) = two_nodes(tmp_path, "run", probe_steps=2, hub_repo="alice/two-nodes",
+                                             upload_minutes=0.02, extra=({**hub, "HF_TOKEN": WRITE_TOKEN}, hub))
     assert code0 == 0, log0[-3000:]
     assert code1 == 0 and "node 0 ended the job: exit code 0" in log1, log1[-3000:]
     assert "--nnodes=2 --node-rank=1" in log1 and log1.count("$ ") == 2
@@ -222,6 +230,12 @@ def test_two_nodes_give_the_losses_of_one_node_with_two_ranks(one_node, tmp_path
     assert worst < 1e-4, f"two nodes differ from one node with two ranks by {worst}"
     newest = tmp_path / "out" / f"checkpoint-{JOB['max_steps']}"
     assert checkpoints.problem(newest) is None and checkpoints.shard_ranks(newest) == [0, 1]
+    # on the Hub: the last checkpoint with both nodes' shards in its manifest, and the final model
+    files = RepoStore(tmp_path / "hub-process").files("models", "alice/two-nodes", "main")[1]
+    step = JOB["max_steps"]
+    assert f"checkpoint-{step}/manifest.json" in files and "final/manifest.json" in files
+    for rank in (0, 1):
+        assert f"checkpoint-{step}/global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in files
 
 
 @pytest.mark.slow
