@@ -10,6 +10,11 @@
 #            probe, training, final/ and the summary on the mounted folder, readable by the host user
 #   stop     `docker stop` mid-run: exit code 143 within the stop timeout, a checkpoint and the summary
 #            "stopped" on the mounted folder
+#   hub      with the local Hub server (tests/hubserver.py, a process of its own on 127.0.0.1, the fake
+#            token its only one): the run uploads checkpoints (manifests checked on the server's side) to
+#            a private repo; `docker stop` mid-run saves a checkpoint and uploads it before exit 143; a new
+#            container on an empty folder resumes from it, finishes, uploads final/; the token is in no
+#            file on the mounted folders, on the server, or in any log
 # Cached between runs on one machine: the engine, the base image (tarball), Docker's layer cache and pip's
 # wheels (a BuildKit cache mount). Variables (none start with SFT_, which the job reserves):
 IMAGE=${IMAGE:-sft-zero:ci}                                  # tag of the CI variant
@@ -34,8 +39,10 @@ chmod 711 "$work"  # the host user (uid 1000) reaches the data folders below it
 logs=.cache/test-image   # the containers' output, kept for a look after a failure
 mkdir -p "$logs"
 containers=()
+hub_pid=""
 cleanup() {
   for c in "${containers[@]}"; do "$DOCKER" rm -f "$c" >/dev/null 2>&1 || true; done
+  if [ -n "$hub_pid" ]; then kill "$hub_pid" 2>/dev/null || true; wait "$hub_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -204,13 +211,151 @@ check "a checkpoint was saved (${checkpoint##*/})" test -n "$checkpoint" -a -f "
 check "summary status is stopped" test "$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null)" = stopped
 phase "stop" "$t"
 
-section "Hub upload (to come)"
-# TODO(hub upload, issue 6): with the local Hub server of tests/hubserver.py on 127.0.0.1 (HF_ENDPOINT),
-# SFT_HUB_REPO set and the fake token as HF_TOKEN:
-#   - the run's checkpoints are uploaded;
-#   - on docker stop, the checkpoint is saved and uploaded before the container exits, within the timeout;
-#   - a new container with an empty mounted folder resumes from the Hub.
-echo "SKIP: upload checks wait for the local Hub server (tests/hubserver.py)"
+section "hub: checkpoints uploaded, docker stop flushes one, an empty folder resumes from the Hub"
+t=$(date +%s)
+# The local Hub (tests/hubserver.py, standard library only) on 127.0.0.1 of this machine, its own process;
+# the containers reach it through --network host. It knows one token: the fake one, for user alice.
+hub_root=$work/hub
+mkdir -p "$hub_root"
+python3 tests/hubserver.py --port 0 --root "$hub_root" --port-file "$work/hub.port" \
+  --token "$fake_token=alice:write" > "$logs/hubserver.log" 2>&1 &
+hub_pid=$!
+for _ in $(seq 200); do
+  [ -s "$work/hub.port" ] && break
+  kill -0 "$hub_pid" 2>/dev/null || break
+  sleep 0.1
+done
+[ -s "$work/hub.port" ] || { cat "$logs/hubserver.log"; echo "the local Hub server did not start"; exit 1; }
+hub_url=http://127.0.0.1:$(cat "$work/hub.port")
+hub_repo=alice/demo-sft
+epoch_steps=64  # 512 conversations, unpacked / (2 CPU ranks x micro-batch 2 x accumulation 2)
+# The server's side, through its HTTP API (the token in HUB_TOKEN, never written to a file):
+#   hub steps              the checkpoints whose manifest.json is on the Hub
+#   hub private            the repo is private: so says its info, and an anonymous request is refused
+#   hub verify PREFIX DIR  PREFIX/manifest.json on the Hub lists the files of DIR (the mounted folder's
+#                          copy), with their sha256; the Hub holds exactly them, and serves those bytes
+cat > "$work/hub.py" <<'PY'
+import hashlib, json, os, sys, urllib.error, urllib.request
+from pathlib import Path
+url, repo, command, *args = sys.argv[1:]
+open_url = urllib.request.build_opener(urllib.request.ProxyHandler({})).open  # 127.0.0.1, never a proxy
+def get(path, auth=True):
+    request = urllib.request.Request(url + path)
+    if auth:
+        request.add_header("Authorization", "Bearer " + os.environ["HUB_TOKEN"])
+    with open_url(request, timeout=30) as response:
+        return response.read()
+def info():
+    return json.loads(get(f"/api/models/{repo}"))
+def files():
+    return [s["rfilename"] for s in info()["siblings"]]
+if command == "steps":
+    try:
+        paths = files()
+    except urllib.error.HTTPError:  # no repo yet
+        paths = []
+    print(" ".join(str(s) for s in sorted(int(p.split("/")[0].split("-")[1]) for p in paths
+                                          if p.startswith("checkpoint-") and p.endswith("/manifest.json")
+                                          and p.count("/") == 1)))
+elif command == "private":
+    try:
+        get(f"/api/models/{repo}", auth=False)
+        anonymous = 200
+    except urllib.error.HTTPError as e:
+        anonymous = e.code
+    private = info()["private"]
+    print(f"  {repo}: private {private}; an anonymous request gets {anonymous}")
+    sys.exit(0 if private is True and anonymous in (401, 403, 404) else 1)
+elif command == "verify":
+    prefix, local = args[0], Path(args[1])
+    manifest = json.loads(get(f"/{repo}/resolve/main/{prefix}/manifest.json"))["files"]
+    on_hub = {p[len(prefix) + 1:] for p in files() if p.startswith(prefix + "/")} - {"manifest.json"}
+    on_disk = {p.relative_to(local).as_posix(): p for p in local.rglob("*") if p.is_file()}
+    problems = [f"on the Hub, not in the manifest: {sorted(on_hub - manifest.keys())}"] * bool(on_hub - manifest.keys())
+    problems += [f"in the manifest, not on the Hub: {sorted(manifest.keys() - on_hub)}"] * bool(manifest.keys() - on_hub)
+    problems += [f"on the mounted folder, not in the manifest: {sorted(on_disk.keys() - manifest.keys())}"] * bool(
+        on_disk.keys() - manifest.keys())
+    for rel, entry in manifest.items():
+        if rel not in on_disk or hashlib.sha256(on_disk[rel].read_bytes()).hexdigest() != entry["sha256"]:
+            problems.append(f"{rel}: not the manifest's bytes on the mounted folder")
+        elif rel in on_hub and hashlib.sha256(get(f"/{repo}/resolve/main/{prefix}/{rel}")).hexdigest() != entry["sha256"]:
+            problems.append(f"{rel}: not the manifest's bytes on the Hub")
+    print(f"  {prefix}: {len(manifest)} files, {sum(e['size'] for e in manifest.values())} bytes in its manifest")
+    for problem in problems:
+        print("  " + problem)
+    sys.exit(1 if problems else 0)
+PY
+hub() { HUB_TOKEN=$fake_token python3 "$work/hub.py" "$hub_url" "$hub_repo" "$@"; }
+hub_env=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -e SFT_ZERO_STAGE=2
+         -e SFT_MAX_LENGTH=256 -e SFT_PACKING=false -e SFT_PROBE_STEPS=0 -e SFT_SAVE_STEPS=4
+         -e SFT_LOGGING_STEPS=1 -e SFT_HUB_REPO="$hub_repo" -e SFT_UPLOAD_MINUTES=0.02
+         -e SFT_STOP_GRACE_SECONDS=$(( STOP_TIMEOUT - 30 )) -e HF_TOKEN="$fake_token" -e HF_ENDPOINT="$hub_url"
+         -e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_TELEMETRY=1)
+echo "local Hub at $hub_url (pid $hub_pid, root $hub_root); repo $hub_repo"
+
+# 1. The run uploads its checkpoints as it trains; once one is on the Hub, docker stop.
+data=$(data_dir)
+hub_data=("$data")
+name=sft-test-hub-stop-$$
+containers+=("$name")
+"$DOCKER" run -d --name "$name" --network host "${run_as[@]}" -v "$data:/data" "${hub_env[@]}" "$IMAGE" >/dev/null
+steps=""
+for _ in $(seq 600); do  # until a checkpoint's manifest is on the Hub
+  steps=$(hub steps || true)
+  [ -n "$steps" ] && break
+  [ "$("$DOCKER" inspect -f '{{.State.Running}}' "$name")" = true ] || break
+  sleep 0.5
+done
+check "checkpoints reach the Hub during the run (with their manifest: ${steps:-none})" test -n "$steps"
+stop_started=$(date +%s)
+"$DOCKER" stop -t "$STOP_TIMEOUT" "$name" >/dev/null
+took=$(( $(date +%s) - stop_started ))
+code=$("$DOCKER" inspect -f '{{.State.ExitCode}}' "$name")
+"$DOCKER" logs "$name" > "$logs/hub-stop.log" 2>&1
+grep -E '^(hub|upload|received|stop|stopped)' "$logs/hub-stop.log" | tail -8 || true
+out=$data/output
+stopped_at=$(summary_field "$out/run/summary.json" '["train"]["global_step"]' 2>/dev/null || echo 0)
+check "exit code 143 after docker stop (got $code)" test "$code" = 143
+check "stopped within the stop timeout (${took} s of ${STOP_TIMEOUT} s: not killed)" test "$took" -lt "$STOP_TIMEOUT"
+check "stopped mid-epoch (step $stopped_at of $epoch_steps), summary status stopped" test "$stopped_at" -gt 0 -a \
+  "$stopped_at" -lt "$epoch_steps" -a "$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null)" = stopped
+check "checkpoint-$stopped_at saved on the mounted folder and uploaded before the exit: its manifest on the Hub" \
+  hub verify "checkpoint-$stopped_at" "$out/checkpoint-$stopped_at"
+check "the repo on the Hub is private" hub private
+
+# 2. A new container, an empty folder: it downloads that checkpoint from the Hub and finishes the epoch.
+data=$(data_dir)
+hub_data+=("$data")
+name=sft-test-hub-resume-$$
+containers+=("$name")
+code=0
+"$DOCKER" run --name "$name" --network host "${run_as[@]}" -v "$data:/data" "${hub_env[@]}" "$IMAGE" \
+  > "$logs/hub-resume.log" 2>&1 || code=$?
+grep -E '^(hub|resum|upload|done|final)' "$logs/hub-resume.log" | tail -8 || true
+out=$data/output
+check "the new container exits 0 (got $code)" test "$code" = 0
+resumed=$(summary_field "$out/run/summary.json" '["resumed_from"]' 2>/dev/null || true)
+check "it resumed from the Hub's checkpoint-$stopped_at (resumed_from: ${resumed:-none})" \
+  test "$resumed" = "/data/output/checkpoint-$stopped_at"
+check "the job downloaded it and checked it against its manifest" \
+  grep -q "checkpoint-$stopped_at downloaded from $hub_repo and verified" "$logs/hub-resume.log"
+status=$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null || true)
+step=$(summary_field "$out/run/summary.json" '["train"]["global_step"]' 2>/dev/null || true)
+check "summary status is done (${status:-none}), at step $epoch_steps (${step:-none})" \
+  test "$status" = done -a "$step" = "$epoch_steps"
+steps=$(hub steps || true)
+check "checkpoints after the resume reach the Hub (with their manifest: ${steps:-none})" \
+  test "${steps##* }" -gt "$stopped_at" 2>/dev/null
+check "final/ on the Hub: its manifest lists the mounted folder's final/" hub verify final "$out/final"
+
+# 3. The token: in no file the containers wrote, nothing the server stored, no log.
+token_absent() { local rc=0; grep -rqF -- "$fake_token" "$@" || rc=$?; [ "$rc" = 1 ]; }
+check "the token is in no file on the mounted folders ($(find "${hub_data[@]}" -type f | wc -l) files)" \
+  token_absent "${hub_data[@]}"
+check "the token is in none of the server's stored files ($(find "$hub_root" -type f | wc -l) files)" \
+  token_absent "$hub_root"
+check "the token is in none of the containers' logs, nor the server's" token_absent "$logs"
+phase "hub" "$t"
 
 section "summary"
 echo "image $IMAGE: $(( size / 1000000 )) MB"
