@@ -38,10 +38,13 @@ def test_auto_moves_to_the_next_stage_when_the_probe_runs_out_of_memory(tmp_path
     env["SFTTEST_OOM_STAGES"] = "2"
     result = run_entrypoint(env)
     assert result.returncode == 0, result.stdout[-3000:]
+    # auto checkpointing went off (the plan fits without it): first it goes back on, then the stage moves
+    assert "turning gradient checkpointing on and probing again" in result.stdout
     assert "moving to ZeRO 3 and probing again" in result.stdout
     summary = read_summary(tmp_path / "out")
     assert summary["settings"]["zero_stage"] == "auto" and summary["stage"] == "3"
-    assert [(e["from"], e["to"]) for e in summary["escalations"]] == [("2", "3")]
+    assert [(e["from"], e["to"]) for e in summary["escalations"]] == [("checkpointing off", "on"), ("2", "3")]
+    assert summary["resolved"]["gradient_checkpointing"] is True
     assert summary["probe"]["stage"] == "3" and summary["status"] == "done"
 
 
