@@ -84,10 +84,11 @@ class Settings:
     hub_repo: str | None = _setting(None, "Private Hugging Face repo (owner/name) for checkpoints; unset: no upload.")
     upload_minutes: float = _setting(30.0, "Minutes between checkpoint uploads to SFT_HUB_REPO.", gt=0)
     stop_grace_seconds: int = _setting(300, "On SIGTERM, seconds allowed to save a checkpoint and upload it.", min=0)
-    node_timeout_seconds: int = _setting(300, "Seconds a node waits for the others: to join at start, and in every "
-                                         "collective (the process-group timeout), so a lost node fails the job on "
-                                         "every node instead of hanging it. Keep it above the longest wait at a "
-                                         "collective (tokenising the data, writing a checkpoint).", min=1)
+    node_timeout_seconds: int = _setting(1800, "Seconds a node waits for the others: to join at start, and in every "
+                                         "collective (the process-group timeout, the Trainer's own default), so a "
+                                         "lost node fails the job on every node instead of hanging it. Keep it above "
+                                         "the longest wait at a collective (tokenising the data on rank 0, gathering "
+                                         "or writing a checkpoint).", min=1)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
