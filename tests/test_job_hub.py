@@ -41,8 +41,8 @@ from sft.upload import MANIFEST
 pytestmark = pytest.mark.slow
 
 # A token no library, log or file would hold by chance: the last test searches for it everywhere.
-TOKEN = "hf_e2eSecretZq7VxK2pLm9RwT4yNc8BdF3hJ"
-READ_ONLY_TOKEN = "hf_e2eReadOnlyPq4Ws8ZtX1vGm6KcR2nLb7Hy"
+TOKEN = "hf_FAKE-e2e-secret-Zq7VxK2pLm9RwT4yNc8BdF3hJ"  # not a token's shape: no scanner mistakes it
+READ_ONLY_TOKEN = "hf_FAKE-e2e-read-only-Pq4Ws8ZtX1vGm6KcR2nLb7Hy"
 UPLOAD_MINUTES = 0.02  # 1.2 s between upload rounds (the job's 30 minutes, shortened): 64 steps train in 6-13 s
 INTERVAL_S = UPLOAD_MINUTES * 60
 KEEP = 2
