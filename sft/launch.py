@@ -8,7 +8,6 @@ rank polls each step), and only kills them when SFT_STOP_GRACE_SECONDS have pass
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -76,7 +75,8 @@ def command(s: Settings, ranks: Ranks, spec_path: Path, nodes: Nodes, port: int)
         # On CPU DeepSpeed's accelerator counts one device, so --include would refuse a second slot.
         where = ["--include", "localhost:" + ",".join(map(str, ranks.gpus))] if ranks.on_gpu else [
             "--num_gpus", str(ranks.count)]
-        return [shutil.which("deepspeed") or "deepspeed", *where, "--master_port", str(port),
+        # The runner as a module of this interpreter: the venv's bin/ need not be on PATH.
+        return [sys.executable, "-m", "deepspeed.launcher.runner", *where, "--master_port", str(port),
                 "--module", "sft.train", str(spec_path)]
     # --rdzv-conf timeout: how long node 0's agent waits for the other nodes' agents at each launch
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}",

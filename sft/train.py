@@ -226,4 +226,10 @@ def _finish(spec: dict, report: dict, on_gpu: bool, code: int) -> int:
 
 if __name__ == "__main__":
     # The deepspeed launcher adds --local_rank=N (also in LOCAL_RANK, which is what the Trainer reads).
-    sys.exit(main(next(a for a in sys.argv[1:] if not a.startswith("--"))))
+    code = main(next(a for a in sys.argv[1:] if not a.startswith("--")))
+    # The report is written and the process group destroyed: leave without the interpreter's teardown,
+    # where a library thread still running now and then aborts the rank ("terminate called without an
+    # active exception"), which the launcher reports as a failed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
