@@ -104,24 +104,27 @@ def test_second_start_of_a_finished_job_does_nothing(runs, tmp_path):
     assert {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()} == before
 
 
-def _start(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "entrypoint.py")], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def _start(env: dict[str, str], log: Path) -> subprocess.Popen:
+    # Output to a file, not a pipe: an unread pipe fills up and blocks the job mid-run.
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, str(REPO / "entrypoint.py")], env=env, cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline, f"{path} never appeared"
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared: " + log.read_text()[-3000:]
         time.sleep(0.05)
 
 
 def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     """kill -9 of the whole job after a checkpoint; a second start resumes from it, same losses."""
     env = demo_env(tmp_path, zero_stage="2", **JOB)
-    proc = _start(env)
-    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc)
+    log = tmp_path / "job.log"
+    proc = _start(env, log)
+    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc, log)
     os.killpg(proc.pid, signal.SIGKILL)  # the VM dies: no handler runs
     proc.wait()
     result = run_entrypoint(env)
@@ -136,11 +139,12 @@ def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     env = demo_env(tmp_path, zero_stage="3", **JOB)
-    proc = _start(env)
-    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc)
+    log = tmp_path / "job.log"
+    proc = _start(env, log)
+    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc, log)
     os.kill(proc.pid, signal.SIGTERM)  # docker stop: the init forwards SIGTERM to the controller
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 143, output[-3000:]
+    proc.wait(timeout=300)
+    assert proc.returncode == 143, log.read_text()[-3000:]
     summary = read_summary(tmp_path / "out")
     assert summary["status"] == "stopped"
     stopped_at = summary["train"]["global_step"]
@@ -158,7 +162,7 @@ def test_deepspeed_launcher_runs_the_job(tmp_path):
     result = run_entrypoint(demo_env(tmp_path, launcher="deepspeed", zero_stage="2", probe_steps=3, max_steps=4,
                                      save_steps=4))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "deepspeed --num_gpus 2" in result.stdout
+    assert "deepspeed.launcher.runner --num_gpus 2" in result.stdout
     summary = read_summary(tmp_path / "out")
     assert summary["status"] == "done" and summary["train"]["global_step"] == 4
     assert len(summary["probe"]["peak_reserved_gib"]) == 2

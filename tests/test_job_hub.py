@@ -437,7 +437,11 @@ def test_outage_during_training_training_finishes_and_uploads_catch_up(hub, outa
     caught_up = [int(c["title"].split(":")[0].split("-")[1]) for c in after if c["title"].startswith("checkpoint-")]
     assert caught_up and max(caught_up) > newest_before, (caught_up, outage["before"])
     files = head_files(hub, repo)
-    assert complete_steps(files) == present_steps(files) and len(complete_steps(files)) == KEEP
+    # Newest wins: after the outage the uploader skips checkpoints that a newer one overtook, so how
+    # many reach the Hub depends on timing; what must hold is no torn checkpoint, the newest one there,
+    # and no more than the limit.
+    assert complete_steps(files) == present_steps(files) and 1 <= len(complete_steps(files)) <= KEEP
+    assert max(complete_steps(files)) == EPOCH_STEPS
     for step in complete_steps(files):
         assert_matches_manifest(hub, repo, files, step)
     manifest = assert_matches_manifest(hub, repo, files, "final")
