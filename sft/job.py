@@ -21,7 +21,7 @@ from .launch import Launch, Ranks, detect_ranks
 from .settings import Settings
 from .train import RANK_OOM_EXIT
 
-GIB = 2**30
+GIB = probe.GIB
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):  # missing, unreadable or half-written: no report
         return None
 
 

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import checkpoints, exitcodes
+from . import checkpoints, exitcodes, report
 from .settings import REPO_ID, looks_local
 
 MANIFEST = "manifest.json"
@@ -634,7 +634,7 @@ class Uploader:
     def _upload_reports(self, run_dir: Path, summary: dict[str, Any] | None) -> None:
         from huggingface_hub import CommitOperationAdd
 
-        summary = summary if summary is not None else _read_json(run_dir / "summary.json") or {}
+        summary = summary if summary is not None else report.read_json(run_dir / "summary.json") or {}
         ops = []
         for name in RUN_FILES:
             if (run_dir / name).is_file():
@@ -656,13 +656,6 @@ class Uploader:
                 "final": final, "uploads": records, "bytes": total_bytes, "seconds": round(seconds, 1),
                 "mb_per_s": round(total_bytes / 1e6 / seconds, 1) if seconds else None,
                 "last_error": self.last_error, "behind": self.behind()}
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 # --------------------------------------------------------------------------------------------
