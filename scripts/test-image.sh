@@ -15,6 +15,10 @@
 #            a private repo; `docker stop` mid-run saves a checkpoint and uploads it before exit 143; a new
 #            container on an empty folder resumes from it, finishes, uploads final/; the token is in no
 #            file on the mounted folders, on the server, or in any log
+#   nodes    two containers as two nodes (NNODES=2, --network host, one rank each, one mounted folder
+#            shared): the losses of one container with two ranks; both nodes' shards in the checkpoint's
+#            manifest on the Hub; `docker kill` of node 1 fails node 0 within SFT_NODE_TIMEOUT_SECONDS;
+#            both started again resume from the shared folder and finish with the same losses
 # Cached between runs on one machine: the engine, the base image (tarball), Docker's layer cache and pip's
 # wheels (a BuildKit cache mount). Variables (none start with SFT_, which the job reserves):
 IMAGE=${IMAGE:-sft-zero:ci}                                  # tag of the CI variant
@@ -356,6 +360,121 @@ check "the token is in none of the server's stored files ($(find "$hub_root" -ty
   token_absent "$hub_root"
 check "the token is in none of the containers' logs, nor the server's" token_absent "$logs"
 phase "hub" "$t"
+
+section "nodes: two containers as two nodes over 127.0.0.1 (--network host), one folder shared"
+t=$(date +%s)
+# Each node one CPU rank, ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 with one
+# container of two ranks (FACTS.md). The mounted folder is the shared SFT_OUTPUT_DIR between real nodes.
+hub_repo=alice/two-nodes
+node_job=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -e SFT_ZERO_STAGE=3
+          -e SFT_MAX_LENGTH=256 -e SFT_PACKING=false -e SFT_PRECISION=fp32 -e SFT_SEED=0 -e SFT_LOGGING_STEPS=1
+          -e SFT_LEARNING_RATE=2e-3 -e SFT_MAX_STEPS=24 -e SFT_SAVE_STEPS=4 -e SFT_PROBE_STEPS=0
+          -e SFT_NODE_TIMEOUT_SECONDS=30 -e OMP_NUM_THREADS=1 -e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_TELEMETRY=1)
+losses() { python3 -c "import json,sys; h=json.load(open(sys.argv[1]))['train']['log_history']
+print(json.dumps({e['step']: e['loss'] for e in h if 'loss' in e}))" "$1"; }
+free_port_pair() { python3 - <<'PY'
+import socket
+for _ in range(100):
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        port = a.getsockname()[1]
+        try:
+            b.bind(("127.0.0.1", port + 1))  # torchrun's rendezvous on PORT, the controllers' store on PORT+1
+        except OSError:
+            continue
+        print(port)
+        break
+PY
+}
+# start_node NAME RANK PORT DATA [docker run arguments...]: start one node, detached
+start_node() {
+  local name=$1 rank=$2 port=$3 dir=$4; shift 4
+  containers+=("$name")
+  "$DOCKER" run -d --name "$name" --network host "${run_as[@]}" -v "$dir:/data" "${node_job[@]}" \
+    -e NNODES=2 -e NODE_RANK="$rank" -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT="$port" -e SFT_CPU_RANKS=1 "$@" \
+    "$IMAGE" >/dev/null
+}
+wait_node() { "$DOCKER" wait "$1"; "$DOCKER" logs "$1" > "$logs/$2.log" 2>&1; }
+
+# 1. The reference: one container, two ranks.
+data=$(data_dir)
+name=sft-test-one-node-$$
+containers+=("$name")
+code=0
+"$DOCKER" run --name "$name" --network host "${run_as[@]}" -v "$data:/data" "${node_job[@]}" -e SFT_CPU_RANKS=2 \
+  -e HF_HUB_OFFLINE=1 "$IMAGE" > "$logs/one-node.log" 2>&1 || code=$?
+check "one container with two ranks exits 0 (got $code)" test "$code" = 0
+reference=$(losses "$data/output/run/summary.json" 2>/dev/null || echo '{}')
+
+# 2. Two containers, one rank each; node 0 alone holds the token and uploads every node's shards.
+data=$(data_dir)
+port=$(free_port_pair)
+hub_node=(-e SFT_HUB_REPO="$hub_repo" -e SFT_UPLOAD_MINUTES=0.02 -e HF_ENDPOINT="$hub_url")
+start_node sft-test-node0-$$ 0 "$port" "$data" "${hub_node[@]}" -e HF_TOKEN="$fake_token"
+start_node sft-test-node1-$$ 1 "$port" "$data" "${hub_node[@]}"
+code0=$(wait_node sft-test-node0-$$ node0)
+code1=$(wait_node sft-test-node1-$$ node1)
+tail -4 "$logs/node0.log"
+out=$data/output
+check "both nodes exit 0 (got $code0 and $code1)" test "$code0" = 0 -a "$code1" = 0
+check "node 1 followed node 0 to the end" grep -q "node 0 ended the job: exit code 0" "$logs/node1.log"
+nodes=$(summary_field "$out/run/summary.json" '["nodes"]' 2>/dev/null || true)
+ranks=$(summary_field "$out/run/summary.json" '["ranks"]' 2>/dev/null || true)
+check "the summary records 2 nodes (${nodes:-none}) and 2 ranks (${ranks:-none})" test "$nodes" = 2 -a "$ranks" = 2
+check "two nodes give the losses of one node with two ranks (to 1e-4)" python3 -c "
+import json, sys
+one, two = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+worst = max((abs(one[k] - two[k]) for k in one), default=None) if one.keys() == two.keys() and one else None
+print(f'  {len(two)} steps; largest difference {worst}')
+sys.exit(0 if worst is not None and worst < 1e-4 else 1)" "$reference" "$(losses "$out/run/summary.json" 2>/dev/null || echo '{}')"
+check "checkpoint-24 on the Hub: its manifest lists both nodes' shards, as on the mounted folder" \
+  hub verify checkpoint-24 "$out/checkpoint-24"
+check "checkpoint-24 holds the ZeRO shards of rank 0 and rank 1 (so its manifest on the Hub does)" sh -c \
+  "ls '$out/checkpoint-24/global_step24/' | grep -c 'zero_pp_rank_[01]_mp_rank_00_optim_states.pt' | grep -qx 2"
+check "final/ on the Hub" hub verify final "$out/final"
+hub_data+=("$data")
+
+# 3. kill -9 of node 1's container (its VM dies): node 0 fails within SFT_NODE_TIMEOUT_SECONDS (30 s);
+#    both started again resume from the newest complete checkpoint on the shared folder and finish.
+data=$(data_dir)
+port=$(free_port_pair)
+start_node sft-test-kill0-$$ 0 "$port" "$data" -e HF_HUB_OFFLINE=1
+start_node sft-test-kill1-$$ 1 "$port" "$data" -e HF_HUB_OFFLINE=1
+out=$data/output
+for _ in $(seq 600); do
+  [ -f "$out/checkpoint-8/trainer_state.json" ] && break
+  [ "$("$DOCKER" inspect -f '{{.State.Running}}' sft-test-kill0-$$)" = true ] || break
+  sleep 0.2
+done
+"$DOCKER" kill sft-test-kill1-$$ >/dev/null
+killed=$(date +%s)
+code0=$(wait_node sft-test-kill0-$$ kill0)
+took=$(( $(date +%s) - killed ))
+wait_node sft-test-kill1-$$ kill1 >/dev/null
+check "node 0 fails with exit code 6 when node 1 dies (got $code0, after ${took} s of 30)" \
+  test "$code0" = 6 -a "$took" -le 30
+check "node 0 says which node stopped answering" grep -q "node 1 stopped answering" "$logs/kill0.log"
+port=$(free_port_pair)
+start_node sft-test-again0-$$ 0 "$port" "$data" -e HF_HUB_OFFLINE=1
+start_node sft-test-again1-$$ 1 "$port" "$data" -e HF_HUB_OFFLINE=1
+code0=$(wait_node sft-test-again0-$$ again0)
+code1=$(wait_node sft-test-again1-$$ again1)
+resumed=$(summary_field "$out/run/summary.json" '["resumed_from"]' 2>/dev/null || true)
+step=$(summary_field "$out/run/summary.json" '["train"]["global_step"]' 2>/dev/null || true)
+check "started again, both nodes exit 0 (got $code0 and $code1)" test "$code0" = 0 -a "$code1" = 0
+resumed_step=${resumed##*checkpoint-}
+check "they resumed from the shared folder's checkpoint (${resumed:-none}) and reached step 24 (${step:-none})" \
+  test "${resumed%/checkpoint-*}" = /data/output -a "$step" = 24
+check "the steps after the resume give one node's losses (to 1e-4)" python3 -c "
+import json, sys
+one, two, resumed = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+after = [k for k in two if int(k) > resumed and k in one]
+worst = max((abs(one[k] - two[k]) for k in after), default=None)
+print(f'  {len(after)} steps after the resume; largest difference {worst}')
+sys.exit(0 if after and worst is not None and worst < 1e-4 else 1)" "$reference" \
+  "$(losses "$out/run/summary.json" 2>/dev/null || echo '{}')" "${resumed_step:-0}"
+check "the token is in no file of the nodes' folder, nor in their logs" token_absent "${hub_data[@]}" "$logs"
+phase "nodes" "$t"
 
 section "summary"
 echo "image $IMAGE: $(( size / 1000000 )) MB"

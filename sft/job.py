@@ -18,10 +18,10 @@ from typing import Any
 
 from . import checkpoints, coordinate, dsconfig, exitcodes, nodes, probe, report
 from .launch import Launch, Ranks, detect_ranks
+from .plan import GIB
 from .settings import Settings
 from .train import RANK_OOM_EXIT
 
-GIB = probe.GIB
 
 
 @dataclass(frozen=True)
@@ -315,6 +315,9 @@ class Job:
         started = time.time()
         code = self._launch(spec)
         self.summary["train"] = train = self._train_results(time.time() - started)
+        if (check := probe.against_run(self.summary.get("probe") or {}, train)) is not None:
+            self.summary["probe_check"] = check
+            print(probe.against_run_line(check), flush=True)
         if self.stopper.requested or train.get("status") == "stopped":
             return self._close(exitcodes.STOPPED, "stopped")
         if code != 0 or train.get("status") != "done":

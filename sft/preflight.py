@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .plan import GIB
+
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
-GIB = 2**30  # GiB: bytes / 2**30, for memory, as DeepSpeed and nvidia-smi print
 GB = 10**9  # GB for disk, as df -H and the seed's "115 GB" count
 
 # Docker gives /dev/shm 64 MB; NCCL keeps its intra-node buffers there, and NCCL's troubleshooting

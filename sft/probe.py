@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-GIB = 2**30  # GiB: bytes / 2**30, as DeepSpeed prints
+from .plan import GIB
 
 
 def steady_window(steps: list[list[float]]) -> tuple[list[float], list[float]] | None:
@@ -51,6 +51,24 @@ def projection(fig: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     if settings.get("price_per_hour"):
         out["projected_cost"] = round(hours * settings["price_per_hour"], 2)
     return out
+
+
+def against_run(fig: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
+    """The probe as a predictor: its tokens/s and projected hours against the full run's, measured."""
+    predicted, steady = fig.get("tokens_per_second"), train.get("steady_tokens_per_second")
+    if not predicted or not steady:
+        return None
+    out = {"probe_tokens_per_second": predicted, "run_steady_tokens_per_second": steady,
+           "tokens_per_second_error": round(predicted / steady - 1, 4)}
+    if fig.get("projected_hours") and train.get("train_runtime"):
+        out["projected_hours"] = fig["projected_hours"]
+        out["run_hours"] = round(train["train_runtime"] / 3600, 3)
+    return out
+
+
+def against_run_line(check: dict[str, Any]) -> str:
+    return (f"probe check: the probe measured {check['probe_tokens_per_second']:,.0f} tokens/s, the full run's steady "
+            f"state {check['run_steady_tokens_per_second']:,.0f} ({check['tokens_per_second_error']:+.1%})")
 
 
 def table(fig: dict[str, Any]) -> str:

@@ -92,7 +92,9 @@ def trainer_arguments(s: dict, mode: str, output_dir: str, ds_config: str | None
         max_steps=max_steps,
         learning_rate=s["learning_rate"],
         bf16=bf16,
-        gradient_checkpointing=s["gradient_checkpointing"],
+        # transformers 5's name; TRL's config still defaults the deprecated alias gradient_checkpointing to True,
+        # which transformers then overwrites with this value (and warns about when this one is unset)
+        activation_checkpointing=s["gradient_checkpointing"],
         logging_steps=1 if probe else s["logging_steps"],
         logging_first_step=True,
         save_strategy="no" if probe else "steps",  # a timing run writes no checkpoint

@@ -48,6 +48,12 @@ def test_probe_then_full_epoch(runs, stage):
     assert summary["status"] == "done" and summary["stage"] == stage
     assert summary["train"]["global_step"] == EPOCH_STEPS
     assert (out / "run" / "loss.png").stat().st_size > 0
+    # the probe as a predictor: its figure against the run's own steady state, both recorded
+    check = summary["probe_check"]
+    assert check["probe_tokens_per_second"] == probe["tokens_per_second"]
+    assert check["run_steady_tokens_per_second"] == summary["train"]["steady_tokens_per_second"] > 0
+    assert check["tokens_per_second_error"] == round(probe["tokens_per_second"] / check["run_steady_tokens_per_second"] - 1, 4)
+    assert "probe check: the probe measured" in result.stdout
 
 
 @pytest.mark.parametrize("stage", STAGES)
