@@ -391,6 +391,19 @@ def test_empty_disk_with_the_final_model_on_the_hub_exits_0_at_once(hub, cadence
 # --------------------------------------------------------------------------------------------
 
 
+def start_until_first_checkpoint(hub: HubProcess, tmp: Path, repo: str) -> tuple[subprocess.Popen, Path]:
+    """Start the job on `repo`; return once checkpoint-8 is whole on disk (the job and its log)."""
+    log = tmp / "job.log"
+    proc = start_job(job_env(hub, tmp, repo), log)
+    try:
+        wait_until(lambda: (tmp / "out" / "checkpoint-8" / "trainer_state.json").is_file(), proc, log,
+                   "the first checkpoint on disk", every=0.02)
+    except BaseException:
+        kill_tree(proc)
+        raise
+    return proc, log
+
+
 def signal_ranks(proc: subprocess.Popen, sig: int) -> int:
     """Send `sig` to everything under the controller (launcher and ranks), not to the controller itself."""
     family = psutil.Process(proc.pid).children(recursive=True)
@@ -411,12 +424,9 @@ def outage(hub, tmp_path_factory, cadence):
     only 4-13 s here, and an outage timed against them could outlast the training."""
     repo = "alice/outage"
     tmp = tmp_path_factory.mktemp("outage")
-    log = tmp / "job.log"
-    proc = start_job(job_env(hub, tmp, repo), log)
+    proc, log = start_until_first_checkpoint(hub, tmp, repo)
     paused = False
     try:
-        wait_until(lambda: (tmp / "out" / "checkpoint-8" / "trainer_state.json").is_file(), proc, log,
-                   "the first checkpoint on disk", every=0.02)
         paused = signal_ranks(proc, signal.SIGSTOP) > 0
         before = complete_steps(head_files(hub, repo))
         commit = hub.add_fault("status", status=500, method="POST", path=f"/{repo}/commit/", count=None)
@@ -548,11 +558,8 @@ def test_kill_9_mid_upload_then_an_empty_disk_resumes_from_the_hub(hub, killed, 
 def sigterm(hub, tmp_path_factory):
     repo = "alice/sigterm"
     tmp = tmp_path_factory.mktemp("sigterm")
-    log = tmp / "job.log"
-    proc = start_job(job_env(hub, tmp, repo), log)
+    proc, log = start_until_first_checkpoint(hub, tmp, repo)
     try:
-        wait_until(lambda: (tmp / "out" / "checkpoint-8" / "trainer_state.json").is_file(), proc, log,
-                   "the first checkpoint on disk")
         os.kill(proc.pid, signal.SIGTERM)  # docker stop: the container's init forwards it to the controller
         proc.wait(300)
     finally:
