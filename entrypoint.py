@@ -103,7 +103,8 @@ def config() -> None:
 def plan(model, gpus, gpu_memory, nodes, micro_batch, max_length, gradient_checkpointing, host_memory, as_json):
     """Predict memory per GPU for every ZeRO option and pick the lowest that fits (reads config.json only)."""
     from sft import dsconfig, plan as planner
-    from sft.job import GIB, _host_memory_gib
+    from sft.job import _host_memory_gib
+    from sft.plan import GIB
 
     s = load_settings()
     if gpus is None or gpu_memory is None:

@@ -25,19 +25,9 @@ class TornCheckpoint(Exception):
     """A checkpoint on the Hub without a manifest, or with a file missing or different from it."""
 
 
-def _files(api, repo_id: str) -> list[str]:
-    return api.list_repo_files(repo_id)
-
-
-def newest_complete_on_hub(api, repo_id: str) -> int | None:
-    """The step of the newest checkpoint-N on the Hub that has a manifest."""
-    complete, _ = hub_checkpoints(_files(api, repo_id))
-    return complete[-1] if complete else None
-
-
 def final_on_hub(api, repo_id: str) -> bool:
     """The final model is on the Hub (its manifest is, which goes up after its files)."""
-    return f"{FINAL}/{MANIFEST}" in set(_files(api, repo_id))
+    return f"{FINAL}/{MANIFEST}" in set(api.list_repo_files(repo_id))
 
 
 def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
@@ -99,7 +89,7 @@ def resume_from_hub(api, repo_id: str, output_dir: Path,
                     log: Callable[[str], None] = lambda line: print(line, flush=True)) -> Path | None:
     """The newest whole checkpoint on the Hub, downloaded into OUTPUT; torn ones are skipped with a warning."""
     try:
-        complete, present = hub_checkpoints(_files(api, repo_id))
+        complete, present = hub_checkpoints(api.list_repo_files(repo_id))
         for step in sorted(set(present) - set(complete), reverse=True):
             if not complete or step > complete[-1]:
                 log(f"warning: checkpoint-{step} on the Hub has no manifest (its upload was cut off): skipped")

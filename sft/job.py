@@ -23,7 +23,6 @@ from .settings import Settings
 from .train import RANK_OOM_EXIT
 
 
-
 @dataclass(frozen=True)
 class Paths:
     out: Path
@@ -201,11 +200,15 @@ class Job:
         """The plan for the settings; with SFT_GRADIENT_CHECKPOINTING=auto, off where the stage still fits."""
         from . import plan
 
+        # the machine and the configs once: with auto checkpointing the plan is made twice
+        gpu_memory, host_memory = _rank_memory_gib(self.ranks), _host_memory_gib()
+        configs = {o: dsconfig.load(o) for o in dsconfig.FILES}
+
         def make(checkpointing: bool):
-            return plan.plan_from_shape(shape, self.ranks.count, _rank_memory_gib(self.ranks), nodes=self.ranks.nodes,
+            return plan.plan_from_shape(shape, self.ranks.count, gpu_memory, nodes=self.ranks.nodes,
                                         micro_batch=self.s.micro_batch, max_length=self.s.max_length,
-                                        gradient_checkpointing=checkpointing, host_memory_gib=_host_memory_gib(),
-                                        ds_configs={o: dsconfig.load(o) for o in dsconfig.FILES})
+                                        gradient_checkpointing=checkpointing, host_memory_gib=host_memory,
+                                        ds_configs=configs)
 
         setting = self.s.gradient_checkpointing
         p = make(setting != "false")
@@ -235,8 +238,8 @@ class Job:
         if recorded and self.s.ds_config is None:
             print(f"stage: ZeRO {recorded}, as the checkpoint was written", flush=True)
             return recorded
-        if self._explicit_stage():
-            return self._explicit_stage()
+        if explicit := self._explicit_stage():
+            return explicit
         print(f"stage: auto picks ZeRO {self.plan.choice}: {self.plan.reason}", flush=True)
         return self.plan.choice
 
@@ -335,10 +338,8 @@ class Job:
         result["peak_reserved_gib"] = [round(r["peak_reserved_bytes"] / GIB, 2) for r in reports]
         if main.get("num_tokens") and main.get("train_runtime"):
             result["tokens_per_second"] = round(main["num_tokens"] / main["train_runtime"], 1)
-        window = probe.steady_window(main.get("steps", []))
-        if window:
-            (s0, t0, n0), (s1, t1, n1) = window
-            result["steady_tokens_per_second"] = round((n1 - n0) / (t1 - t0), 1)
+        if rates := probe.steady_rates(main.get("steps", [])):
+            result["steady_tokens_per_second"] = rates["tokens_per_second"]
         return result
 
     # -- ranks ----------------------------------------------------------------------------------

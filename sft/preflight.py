@@ -11,7 +11,6 @@ import os
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .launch import free_port
 from .plan import GIB
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
@@ -287,12 +287,6 @@ def check_topology(gpus: int, topo: str | None) -> Check:
                  "ZeRO-2's data over these links, so prefer ZeRO-2 where it fits", data)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _allreduce_worker(rank: int, world: int, port: int, backend: str, numel: int, iters: int, queue: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -326,7 +320,7 @@ def measure_allreduce(world: int, backend: str = "nccl", size_bytes: int = ALLRE
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     numel = size_bytes // 4
-    args = (world, _free_port(), backend, numel, iters, queue)
+    args = (world, free_port(), backend, numel, iters, queue)
     procs = [ctx.Process(target=_allreduce_worker, args=(rank, *args), daemon=True) for rank in range(world)]
     for p in procs:
         p.start()

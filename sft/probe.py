@@ -13,18 +13,22 @@ from typing import Any
 from .plan import GIB
 
 
-def steady_window(steps: list[list[float]]) -> tuple[list[float], list[float]] | None:
-    """First and last (step, time, tokens) of the steady state: after the first 10% (at least 2) steps."""
+def steady_rates(steps: list[list[float]]) -> dict[str, float] | None:
+    """Seconds per step and tokens/s over the steady state: after the first 10% (at least 2) steps.
+
+    `steps`: (step, time, tokens) at each optimizer step. The probe and the full run are both measured
+    here, so the probe's check against the run compares like with like.
+    """
     if len(steps) < 3:
         return None
     skip = min(max(2, len(steps) // 10), len(steps) - 2)
-    return steps[skip - 1], steps[-1]
+    (s0, t0, n0), (s1, t1, n1) = steps[skip - 1], steps[-1]
+    return {"seconds_per_step": round((t1 - t0) / (s1 - s0), 4), "tokens_per_second": round((n1 - n0) / (t1 - t0), 1)}
 
 
 def figures(reports: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
     """Probe figures from the ranks' reports (rank 0 holds the step times)."""
     main = next(r for r in reports if r["rank"] == 0)
-    window = steady_window(main["steps"])
     out: dict[str, Any] = {
         "steps": main.get("global_step"),
         "world_size": main["world_size"],
@@ -32,10 +36,7 @@ def figures(reports: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str
         "device": main.get("device"),
         "steps_per_epoch": main.get("steps_per_epoch"),
     }
-    if window:
-        (s0, t0, n0), (s1, t1, n1) = window
-        out["seconds_per_step"] = round((t1 - t0) / (s1 - s0), 4)
-        out["tokens_per_second"] = round((n1 - n0) / (t1 - t0), 1)
+    out.update(steady_rates(main["steps"]) or {})
     out.update(projection(out, settings))
     return out
 

@@ -274,7 +274,7 @@ def hash_file(path: Path, token: str | None = None) -> tuple[str, int]:
 
 def manifest_files(root: Path) -> list[Path]:
     """The files a manifest lists: all under `root` but a manifest of its own (from a download)."""
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() != MANIFEST)
+    return [p for p in _listing(root) if p.relative_to(root).as_posix() != MANIFEST]
 
 
 def build_manifest(root: Path, token: str | None = None) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:

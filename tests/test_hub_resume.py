@@ -11,7 +11,7 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 from checkpoint_layout import make_checkpoint, tree
 from hub_fixtures import WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtures)
 from sft import checkpoints, exitcodes, hub_resume
-from sft.upload import MANIFEST, HubError, Uploader, preflight
+from sft.upload import MANIFEST, HubError, Uploader, hub_checkpoints, preflight
 
 REPO = "alice/sft-run"
 
@@ -38,7 +38,7 @@ def _without_manifest(folder: Path) -> dict[str, bytes]:
 
 
 def test_newest_complete_on_hub(target, on_hub):
-    assert hub_resume.newest_complete_on_hub(target.api, REPO) == 6
+    assert hub_checkpoints(target.api.list_repo_files(REPO))[0][-1] == 6
     assert hub_resume.final_on_hub(target.api, REPO) is False
 
 
@@ -105,7 +105,7 @@ def test_download_replaces_an_incomplete_local_copy(target, on_hub, tmp_path):
 
 
 def test_nothing_on_hub(target, tmp_path):
-    assert hub_resume.newest_complete_on_hub(target.api, REPO) is None
+    assert hub_checkpoints(target.api.list_repo_files(REPO))[0] == []
     assert hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lambda line: None) is None
 
 
