@@ -54,11 +54,12 @@ def matmul_params(model: str) -> int:
     return total if cfg.tie_word_embeddings else total - m.get_input_embeddings().weight.numel()
 
 
-def run_probe(name: str, model: str, data: str, steps: int, work: Path) -> dict:
+def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict | None = None) -> dict:
+    """`entrypoint.py probe` with these settings (default: CONFIGS[name]) into WORK/NAME; its probe.json figures."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
     env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_PROBE_STEPS=str(steps), SFT_OUTPUT_DIR=str(work / name),
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    env.update({f"SFT_{k.upper()}": str(v) for k, v in CONFIGS[name].items()})
+    env.update({f"SFT_{k.upper()}": str(v) for k, v in (CONFIGS[name] if settings is None else settings).items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:
         code = subprocess.call([sys.executable, str(REPO / "entrypoint.py"), "probe"], env=env, cwd=REPO,

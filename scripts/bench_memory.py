@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,9 +29,10 @@ from pathlib import Path
 import click
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from sft.plan import CUDA_CONTEXT_GIB  # noqa: E402  (after the path: the script runs from anywhere)
+from bench import run_probe  # noqa: E402  (after the path: the script runs from anywhere)
+from sft.plan import CUDA_CONTEXT_GIB  # noqa: E402
 
 OVER, UNDER = 0.10, 0.05  # the target: at most 10% over, 5% under
 
@@ -46,32 +45,22 @@ def measure(model: str, data: str, steps: int, work: Path, stage: str, micro_bat
             checkpointing: str) -> dict:
     """One probe with these settings; the plan's prediction and the measured peak from its output."""
     name = point_name(stage, micro_batch, max_length, checkpointing)
-    out = work / name
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
-    env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_OUTPUT_DIR=str(out), SFT_PROBE_STEPS=str(steps),
-               SFT_ZERO_STAGE=stage, SFT_MICRO_BATCH=str(micro_batch), SFT_GRAD_ACCUM="1",
-               SFT_MAX_LENGTH=str(max_length), SFT_PACKING="true",
-               SFT_GRADIENT_CHECKPOINTING="true" if checkpointing == "on" else "false",
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    started = time.time()
-    with open(work / f"{name}.log", "w") as log:
-        code = subprocess.call([sys.executable, str(REPO / "entrypoint.py"), "probe"], env=env, cwd=REPO,
-                               stdout=log, stderr=subprocess.STDOUT)
+    probed = run_probe(name, model, data, steps, work, settings=dict(
+        zero_stage=stage, micro_batch=micro_batch, grad_accum=1, max_length=max_length, packing="true",
+        gradient_checkpointing="true" if checkpointing == "on" else "false"))
     row = {"point": name, "stage": stage, "micro_batch": micro_batch, "max_length": max_length,
-           "checkpointing": checkpointing, "exit": code, "wall_s": round(time.time() - started)}
-    summary_file, probe_file = out / "run" / "summary.json", out / "run" / "probe.json"
-    if summary_file.exists():
-        summary = json.loads(summary_file.read_text())
-        option = next((o for o in summary.get("plan", {}).get("options", []) if o["option"] == stage), None)
-        if option:
-            row["plan_peak_gib"] = option["peak"]
-            row["predicted_gib"] = round(option["peak"] - CUDA_CONTEXT_GIB, 2)
-            row["plan_fits"] = option["fits"]
-            row["gpu_budget_gib"] = summary["plan"]["setup"]["gpu_budget"]
-    if probe_file.exists():
-        probe = json.loads(probe_file.read_text())
-        row["measured_gib"] = max(probe["peak_reserved_gib"])
-        row["tokens_per_second"] = probe.get("tokens_per_second")
+           "checkpointing": checkpointing, "exit": probed["exit"], "wall_s": probed["wall_s"]}
+    summary_file = work / name / "run" / "summary.json"  # the plan the job made for these settings
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    option = next((o for o in summary.get("plan", {}).get("options", []) if o["option"] == stage), None)
+    if option:
+        row["plan_peak_gib"] = option["peak"]
+        row["predicted_gib"] = round(option["peak"] - CUDA_CONTEXT_GIB, 2)
+        row["plan_fits"] = option["fits"]
+        row["gpu_budget_gib"] = summary["plan"]["setup"]["gpu_budget"]
+    if probed.get("peak_reserved_gib"):
+        row["measured_gib"] = max(probed["peak_reserved_gib"])
+        row["tokens_per_second"] = probed.get("tokens_per_second")
     if row.get("measured_gib") and row.get("predicted_gib"):
         row["error"] = round(row["predicted_gib"] / row["measured_gib"] - 1, 4)
         row["on_target"] = -UNDER <= row["error"] <= OVER

@@ -395,6 +395,17 @@ start_node() {
     "$IMAGE" >/dev/null
 }
 wait_node() { "$DOCKER" wait "$1"; "$DOCKER" logs "$1" > "$logs/$2.log" 2>&1; }
+# same_losses SUMMARY FROM: the run's per-step losses after step FROM are the reference's (the same steps), to 1e-4
+same_losses() {
+  python3 - "$reference" "$(losses "$1" 2>/dev/null || echo '{}')" "$2" <<'PY'
+import json, sys
+after = int(sys.argv[3])
+one, two = ({k: v for k, v in json.loads(a).items() if int(k) > after} for a in sys.argv[1:3])
+worst = max(abs(one[k] - two[k]) for k in one) if one and one.keys() == two.keys() else None
+print(f"  {len(two)} steps after step {after}; largest difference {worst}")
+sys.exit(0 if worst is not None and worst < 1e-4 else 1)
+PY
+}
 
 # 1. The reference: one container, two ranks.
 data=$(data_dir)
@@ -421,12 +432,7 @@ check "node 1 followed node 0 to the end" grep -q "node 0 ended the job: exit co
 nodes=$(summary_field "$out/run/summary.json" '["nodes"]' 2>/dev/null || true)
 ranks=$(summary_field "$out/run/summary.json" '["ranks"]' 2>/dev/null || true)
 check "the summary records 2 nodes (${nodes:-none}) and 2 ranks (${ranks:-none})" test "$nodes" = 2 -a "$ranks" = 2
-check "two nodes give the losses of one node with two ranks (to 1e-4)" python3 -c "
-import json, sys
-one, two = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-worst = max((abs(one[k] - two[k]) for k in one), default=None) if one.keys() == two.keys() and one else None
-print(f'  {len(two)} steps; largest difference {worst}')
-sys.exit(0 if worst is not None and worst < 1e-4 else 1)" "$reference" "$(losses "$out/run/summary.json" 2>/dev/null || echo '{}')"
+check "two nodes give the losses of one node with two ranks (to 1e-4)" same_losses "$out/run/summary.json" 0
 check "checkpoint-24 on the Hub: its manifest lists both nodes' shards, as on the mounted folder" \
   hub verify checkpoint-24 "$out/checkpoint-24"
 check "checkpoint-24 holds the ZeRO shards of rank 0 and rank 1 (so its manifest on the Hub does)" sh -c \
@@ -465,14 +471,8 @@ check "started again, both nodes exit 0 (got $code0 and $code1)" test "$code0" =
 resumed_step=${resumed##*checkpoint-}
 check "they resumed from the shared folder's checkpoint (${resumed:-none}) and reached step 24 (${step:-none})" \
   test "${resumed%/checkpoint-*}" = /data/output -a "$step" = 24
-check "the steps after the resume give one node's losses (to 1e-4)" python3 -c "
-import json, sys
-one, two, resumed = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
-after = [k for k in two if int(k) > resumed and k in one]
-worst = max((abs(one[k] - two[k]) for k in after), default=None)
-print(f'  {len(after)} steps after the resume; largest difference {worst}')
-sys.exit(0 if after and worst is not None and worst < 1e-4 else 1)" "$reference" \
-  "$(losses "$out/run/summary.json" 2>/dev/null || echo '{}')" "${resumed_step:-0}"
+check "the steps after the resume give one node's losses (to 1e-4)" \
+  same_losses "$out/run/summary.json" "${resumed_step:-0}"
 check "the token is in no file of the nodes' folder, nor in their logs" token_absent "${hub_data[@]}" "$logs"
 phase "nodes" "$t"
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,3 +58,19 @@ def read_summary(out: Path) -> dict:
 
 def step_losses(summary: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in summary["train"]["log_history"] if "loss" in e}
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and every process under it, parents first ([] once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def send_signal(procs: list[psutil.Process], sig: int) -> None:
+    """`sig` to each of them, skipping any that already exited."""
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(sig)

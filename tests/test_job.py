@@ -52,7 +52,8 @@ def test_probe_then_full_epoch(runs, stage):
     check = summary["probe_check"]
     assert check["probe_tokens_per_second"] == probe["tokens_per_second"]
     assert check["run_steady_tokens_per_second"] == summary["train"]["steady_tokens_per_second"] > 0
-    assert check["tokens_per_second_error"] == round(probe["tokens_per_second"] / check["run_steady_tokens_per_second"] - 1, 4)
+    ratio = probe["tokens_per_second"] / check["run_steady_tokens_per_second"]
+    assert check["tokens_per_second_error"] == round(ratio - 1, 4)
     assert "probe check: the probe measured" in result.stdout
 
 

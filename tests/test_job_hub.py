@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, demo_env, read_summary, step_losses
+from conftest import REPO, demo_env, process_tree, read_summary, send_signal, step_losses
 from hub_fixtures import HubProcess, client_env, start_hub_process
 from hubserver import RepoStore
 
@@ -114,15 +114,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
     The launcher runs the ranks in a session of their own (so a signal for the job reaches the controller
     first): killing the controller's process group alone would leave torchrun and the ranks running.
     """
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for p in family:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    family = process_tree(proc.pid)
+    send_signal(family, signal.SIGKILL)
     proc.wait(30)
     psutil.wait_procs(family, timeout=30)
 
@@ -406,12 +399,8 @@ def start_until_first_checkpoint(hub: HubProcess, tmp: Path, repo: str) -> tuple
 
 def signal_ranks(proc: subprocess.Popen, sig: int) -> int:
     """Send `sig` to everything under the controller (launcher and ranks), not to the controller itself."""
-    family = psutil.Process(proc.pid).children(recursive=True)
-    for p in family:
-        try:
-            p.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
+    family = process_tree(proc.pid)[1:]
+    send_signal(family, sig)
     return len(family)
 
 

@@ -7,16 +7,17 @@ one node with two ranks, and must give its losses.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+from conftest import (REPO, demo_env, process_tree, read_summary, run_entrypoint, send_signal,
+                      step_losses)
 from hub_fixtures import WRITE_TOKEN, client_env, hub_process  # noqa: F401  (hub_process: a fixture)
 from hubserver import RepoStore
 from sft import checkpoints, coordinate, exitcodes
@@ -196,9 +197,7 @@ def two_nodes(tmp_path: Path, tag: str, node1: dict | None = None, extra: tuple[
 
 def kill_node(proc: subprocess.Popen) -> None:
     """kill -9 of a whole node: its controller, the launcher (in its own session) and the ranks."""
-    root = psutil.Process(proc.pid)
-    for p in [root, *root.children(recursive=True)]:
-        p.kill()
+    send_signal(process_tree(proc.pid), signal.SIGKILL)
     proc.wait()
 
 
