@@ -49,10 +49,10 @@ test-image:  ## build the CI variant of the image (CPU, Debian base) and check i
 	IMAGE=$(CI_IMAGE) scripts/test-image.sh
 
 run:  ## the job in the image, on every GPU, output in $(DATA)
-	docker run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE)
+	$(DOCKER) run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE)
 
 probe:  ## only the probe, in the image
-	docker run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE) probe
+	$(DOCKER) run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE) probe
 
 lock:  ## re-pin requirements.lock from requirements.in (in a fresh venv)
 	rm -rf /tmp/lock-venv && $(PYTHON) -m venv /tmp/lock-venv
