@@ -232,7 +232,10 @@ done
 [ -s "$work/hub.port" ] || { cat "$logs/hubserver.log"; echo "the local Hub server did not start"; exit 1; }
 hub_url=http://127.0.0.1:$(cat "$work/hub.port")
 hub_repo=alice/demo-sft
-epoch_steps=64  # 512 conversations, unpacked / (2 CPU ranks x micro-batch 2 x accumulation 2)
+# two epochs of 64 steps (512 conversations, unpacked / (2 CPU ranks x micro-batch 2 x accumulation 2)):
+# one epoch can train in 3 s, and what trains after the resume must outlast an upload round
+epochs=2
+total_steps=$(( epochs * 64 ))
 # The server's side, through its HTTP API (the token in HUB_TOKEN, never written to a file):
 #   hub steps              the checkpoints whose manifest.json is on the Hub
 #   hub private            the repo is private: so says its info, and an anonymous request is refused
@@ -292,7 +295,7 @@ PY
 hub() { HUB_TOKEN=$fake_token python3 "$work/hub.py" "$hub_url" "$hub_repo" "$@"; }
 hub_env=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -e SFT_ZERO_STAGE=2
          -e SFT_MAX_LENGTH=256 -e SFT_PACKING=false -e SFT_PROBE_STEPS=0 -e SFT_SAVE_STEPS=4
-         -e SFT_LOGGING_STEPS=1 -e SFT_HUB_REPO="$hub_repo" -e SFT_UPLOAD_MINUTES=0.02
+         -e SFT_LOGGING_STEPS=1 -e SFT_EPOCHS="$epochs" -e SFT_HUB_REPO="$hub_repo" -e SFT_UPLOAD_MINUTES=0.02
          -e SFT_STOP_GRACE_SECONDS=$(( STOP_TIMEOUT - 30 )) -e HF_TOKEN="$fake_token" -e HF_ENDPOINT="$hub_url"
          -e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_TELEMETRY=1)
 echo "local Hub at $hub_url (pid $hub_pid, root $hub_root); repo $hub_repo"
@@ -321,13 +324,13 @@ out=$data/output
 stopped_at=$(summary_field "$out/run/summary.json" '["train"]["global_step"]' 2>/dev/null || echo 0)
 check "exit code 143 after docker stop (got $code)" test "$code" = 143
 check "stopped within the stop timeout (${took} s of ${STOP_TIMEOUT} s: not killed)" test "$took" -lt "$STOP_TIMEOUT"
-check "stopped mid-epoch (step $stopped_at of $epoch_steps), summary status stopped" test "$stopped_at" -gt 0 -a \
-  "$stopped_at" -lt "$epoch_steps" -a "$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null)" = stopped
+check "stopped mid-run (step $stopped_at of $total_steps), summary status stopped" test "$stopped_at" -gt 0 -a \
+  "$stopped_at" -lt "$total_steps" -a "$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null)" = stopped
 check "checkpoint-$stopped_at saved on the mounted folder and uploaded before the exit: its manifest on the Hub" \
   hub verify "checkpoint-$stopped_at" "$out/checkpoint-$stopped_at"
 check "the repo on the Hub is private" hub private
 
-# 2. A new container, an empty folder: it downloads that checkpoint from the Hub and finishes the epoch.
+# 2. A new container, an empty folder: it downloads that checkpoint from the Hub and finishes the run.
 data=$(data_dir)
 hub_data+=("$data")
 name=sft-test-hub-resume-$$
@@ -345,8 +348,8 @@ check "the job downloaded it and checked it against its manifest" \
   grep -q "checkpoint-$stopped_at downloaded from $hub_repo and verified" "$logs/hub-resume.log"
 status=$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null || true)
 step=$(summary_field "$out/run/summary.json" '["train"]["global_step"]' 2>/dev/null || true)
-check "summary status is done (${status:-none}), at step $epoch_steps (${step:-none})" \
-  test "$status" = done -a "$step" = "$epoch_steps"
+check "summary status is done (${status:-none}), at step $total_steps (${step:-none})" \
+  test "$status" = done -a "$step" = "$total_steps"
 steps=$(hub steps || true)
 check "checkpoints after the resume reach the Hub (with their manifest: ${steps:-none})" \
   test "${steps##* }" -gt "$stopped_at" 2>/dev/null

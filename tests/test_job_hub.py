@@ -5,7 +5,7 @@ huggingface_hub client speaking HTTP to 127.0.0.1), with faults injected on its 
 The Hub's state is read from the server's storage on disk (tests/hubserver.py's RepoStore), never
 through the job's own code: commits, their order and dates, the files of every commit.
 
-Each job run takes about 45 s on two cores (most of it start-up: 64 steps train in about 13 s), so the
+Each job run takes about 45 s on two cores (most of it start-up: 128 steps train in 6-26 s), so the
 runs are module fixtures shared by the tests that check them:
     cadence   a full run, uploads every 1.2 s; also the loss reference of the resume test
     outage    a full run with commits and LFS uploads answered 500 for a while
@@ -43,12 +43,15 @@ pytestmark = pytest.mark.slow
 # A token no library, log or file would hold by chance: the last test searches for it everywhere.
 TOKEN = "hf_FAKE-e2e-secret-Zq7VxK2pLm9RwT4yNc8BdF3hJ"  # not a token's shape: no scanner mistakes it
 READ_ONLY_TOKEN = "hf_FAKE-e2e-read-only-Pq4Ws8ZtX1vGm6KcR2nLb7Hy"
-UPLOAD_MINUTES = 0.02  # 1.2 s between upload rounds (the job's 30 minutes, shortened): 64 steps train in 6-13 s
+UPLOAD_MINUTES = 0.02  # 1.2 s between upload rounds (the job's 30 minutes, shortened)
 INTERVAL_S = UPLOAD_MINUTES * 60
 KEEP = 2
-EPOCH_STEPS = 64  # 512 conversations / (2 ranks x micro-batch 1 x accumulation 4)
+# Two epochs of 64 steps (512 conversations / (2 ranks x micro-batch 1 x accumulation 4)): one epoch trains
+# in as little as 3 s here, two or three upload rounds, too few for the cadence tests to count on.
+EPOCHS = 2
+TOTAL_STEPS = EPOCHS * 64  # the job's last step
 JOB = dict(zero_stage="2", precision="fp32", seed=0, learning_rate=2e-3, logging_steps=1, probe_steps=0,
-           save_steps=8, save_total_limit=KEEP, upload_minutes=UPLOAD_MINUTES, packing="false")
+           save_steps=8, save_total_limit=KEEP, upload_minutes=UPLOAD_MINUTES, packing="false", epochs=EPOCHS)
 FAST_EXIT_S = 30  # a start refused before training: python, torch and huggingface_hub imports, a few requests
 
 # Everything the job runs wrote or printed, searched for the token by the last test.
@@ -334,7 +337,7 @@ def test_final_model_reports_and_card_on_the_hub_and_in_the_summary(hub, cadence
         assert path in files, path
     assert read_hub(hub, "alice/cadence", "run/loss.png").startswith(b"\x89PNG")
     on_hub = json.loads(read_hub(hub, "alice/cadence", "run/summary.json"))
-    assert on_hub["status"] == "done" and on_hub["train"]["global_step"] == EPOCH_STEPS
+    assert on_hub["status"] == "done" and on_hub["train"]["global_step"] == TOTAL_STEPS
     card = read_hub(hub, "alice/cadence", "README.md").decode()
     assert card.startswith("---") and "library_name: transformers" in card and 'subfolder="final"' in card
     history = commits(hub, "alice/cadence")
@@ -409,8 +412,8 @@ def outage(hub, tmp_path_factory, cadence):
     """A full run with the Hub down for a while: from its first checkpoint on disk, every commit answers 500
     until the uploader has met that twice (and the first two LFS uploads too: huggingface_hub retries those
     itself). Training pauses (SIGSTOP to the ranks: a slow step) from that checkpoint until the uploader
-    caught up after the outage, so each phase waits for the uploader, never for the clock: 64 steps take
-    only 4-13 s here, and an outage timed against them could outlast the training."""
+    caught up after the outage, so each phase waits for the uploader, never for the clock: 128 steps take
+    only 6-26 s here, and an outage timed against them could outlast the training."""
     repo = "alice/outage"
     tmp = tmp_path_factory.mktemp("outage")
     proc, log = start_until_first_checkpoint(hub, tmp, repo)
@@ -447,7 +450,7 @@ def test_outage_during_training_training_finishes_and_uploads_catch_up(hub, outa
     assert outage["commit_hits"] >= 2 and outage["put_hits"] == 2
     assert "warning: upload failed" in run.output and "behind" in run.output
     summary = read_summary(run.out)
-    assert summary["status"] == "done" and summary["train"]["global_step"] == EPOCH_STEPS
+    assert summary["status"] == "done" and summary["train"]["global_step"] == TOTAL_STEPS
     # the outage changed nothing in training
     reference, losses = step_losses(read_summary(cadence.out)), step_losses(summary)
     assert losses.keys() == reference.keys()
@@ -517,14 +520,14 @@ def test_kill_9_mid_upload_then_an_empty_disk_resumes_from_the_hub(hub, killed, 
     assert at_kill["complete"], at_kill
     torn = [s for s in at_kill["present"] if s not in at_kill["complete"]]
     assert torn and max(torn) > max(at_kill["complete"]), at_kill  # its files were up, its manifest was not
-    assert max(at_kill["local"]) < EPOCH_STEPS  # killed mid-run
+    assert max(at_kill["local"]) < TOTAL_STEPS  # killed mid-run
     assert run.code == 0, run.output[-4000:]
     summary = read_summary(run.out)
     resumed = Path(summary["resumed_from"])
     assert resumed.name == f"checkpoint-{max(at_kill['complete'])}" and resumed.parent == run.out
     assert f"checkpoint-{max(torn)} on the Hub has no manifest" in run.output
     assert "downloaded from alice/killed and verified" in run.output
-    assert summary["train"]["global_step"] == EPOCH_STEPS
+    assert summary["train"]["global_step"] == TOTAL_STEPS
     step = checkpoints.step_of(resumed)
     reference, losses = step_losses(read_summary(cadence.out)), step_losses(summary)
     after = [k for k in reference if k > step]
@@ -564,7 +567,7 @@ def test_sigterm_saves_and_uploads_a_checkpoint_then_exits_143(hub, sigterm):
     assert run.code == exitcodes.STOPPED, run.output[-4000:]
     summary = read_summary(run.out)
     stopped_at = summary["train"]["global_step"]
-    assert summary["status"] == "stopped" and 8 < stopped_at < EPOCH_STEPS
+    assert summary["status"] == "stopped" and 8 < stopped_at < TOTAL_STEPS
     local = run.out / f"checkpoint-{stopped_at}"
     assert checkpoints.problem(local) is None
     files = head_files(hub, repo)

@@ -19,11 +19,12 @@ import pytest
 from conftest import (REPO, demo_env, process_tree, read_summary, run_entrypoint, send_signal,
                       step_losses)
 from hub_fixtures import WRITE_TOKEN, client_env, hub_process  # noqa: F401  (hub_process: a fixture)
-from hubserver import RepoStore
+from hubserver import HubError, RepoStore
 from sft import checkpoints, coordinate, exitcodes
 from sft.launch import Ranks, command
 from sft.nodes import Nodes, NodesError, first_host, from_env
 from sft.settings import Settings
+from sft.upload import hub_checkpoints
 
 # ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 across layouts (FACTS.md).
 JOB = dict(zero_stage="3", packing="false", precision="fp32", seed=0, logging_steps=1, max_steps=24, save_steps=4,
@@ -183,15 +184,17 @@ def start(env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 def two_nodes(tmp_path: Path, tag: str, node1: dict | None = None, extra: tuple[dict, dict] = ({}, {}),
-              **settings) -> list[tuple[int, str]]:
+              meanwhile=None, **settings) -> list[tuple[int, str]]:
     """Both nodes to the end: (exit code, output) of node 0 and node 1; node1: settings of node 1 only,
-    extra: other variables of each node."""
+    extra: other variables of each node; meanwhile(procs, logs): called once both started."""
     port = free_port_pair()
     logs = [tmp_path / f"{tag}-node{rank}.log" for rank in (0, 1)]
     envs = [node_env(tmp_path, port, 0, **settings), node_env(tmp_path, port, 1, **{**settings, **(node1 or {})})]
     for env, more in zip(envs, extra):
         env.update(more)
     procs = [start(env, log) for env, log in zip(envs, logs)]
+    if meanwhile is not None:
+        meanwhile(procs, logs)
     return [(p.wait(timeout=600), log.read_text()) for p, log in zip(procs, logs)]
 
 
@@ -216,8 +219,32 @@ def one_node(tmp_path_factory) -> dict[int, float]:
 def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_shard(one_node, hub_process, tmp_path):
     # the probe first: node 1 follows node 0 through two launches; node 0 alone uploads, and needs the token
     hub = client_env(hub_process.url, tmp_path / "hf-home")
+    store = RepoStore(tmp_path / "hub-process")
+
+    def hub_files() -> dict:
+        try:
+            return store.files("models", "alice/two-nodes", "main")[1]
+        except HubError:  # no repo yet
+            return {}
+
+    def upload_while_paused(procs, logs):
+        """24 steps train in about 2 s here, perhaps between two upload rounds: both nodes' ranks pause
+        (SIGSTOP: a slow step) from the first checkpoint until node 0 has uploaded one."""
+        wait_for(tmp_path / "out" / "checkpoint-4" / "trainer_state.json", procs, logs[0])
+        ranks = [p for proc in procs for p in process_tree(proc.pid)[1:]]
+        send_signal(ranks, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 120
+            while not hub_checkpoints(hub_files())[0]:
+                assert time.monotonic() < deadline, "no checkpoint reached the Hub"
+                assert all(p.poll() is None for p in procs), logs[0].read_text()[-3000:]
+                time.sleep(0.1)
+        finally:
+            send_signal(ranks, signal.SIGCONT)
+
     (code0, log0), (code1, log1) = two_nodes(tmp_path, "run", probe_steps=2, hub_repo="alice/two-nodes",
-                                             upload_minutes=0.02, extra=({**hub, "HF_TOKEN": WRITE_TOKEN}, hub))
+                                             upload_minutes=0.02, extra=({**hub, "HF_TOKEN": WRITE_TOKEN}, hub),
+                                             meanwhile=upload_while_paused)
     assert code0 == 0, log0[-3000:]
     assert code1 == 0 and "node 0 ended the job: exit code 0" in log1, log1[-3000:]
     assert "--nnodes=2 --node-rank=1" in log1 and log1.count("$ ") == 2
@@ -229,9 +256,10 @@ def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_s
     assert worst < 1e-4, f"two nodes differ from one node with two ranks by {worst}"
     newest = tmp_path / "out" / f"checkpoint-{JOB['max_steps']}"
     assert checkpoints.problem(newest) is None and checkpoints.shard_ranks(newest) == [0, 1]
-    # on the Hub: the last checkpoint with both nodes' shards in its manifest, and the final model
-    files = RepoStore(tmp_path / "hub-process").files("models", "alice/two-nodes", "main")[1]
-    step = JOB["max_steps"]
+    # on the Hub: the newest checkpoint uploaded, with both nodes' shards, and the final model (the last
+    # checkpoint goes up only if an upload round comes between its save and the end: final/ supersedes it)
+    files = hub_files()
+    step = hub_checkpoints(files)[0][-1]
     assert f"checkpoint-{step}/manifest.json" in files and "final/manifest.json" in files
     for rank in (0, 1):
         assert f"checkpoint-{step}/global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in files
