@@ -260,7 +260,8 @@ def nvidia_smi_topo() -> str | None:
 
 def gpu_links(topo: str) -> set[str]:
     """The kinds of link between distinct GPUs in `nvidia-smi topo -m` (NV12, PIX, PHB, NODE, SYS...)."""
-    lines = topo.splitlines()
+    # On a terminal-less run nvidia-smi still underlines the header (ESC[4m ... ESC[0m): seen on an H200 x2
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", topo).splitlines()
     # the header is the indented line of column names; GPU rows start with their name
     header = next((line.split() for line in lines if line[:1].isspace() and line.split()[:1] == ["GPU0"]), [])
     columns = [j for j, name in enumerate(header) if re.fullmatch(r"GPU\d+", name)]
@@ -281,9 +282,11 @@ def check_topology(gpus: int, topo: str | None) -> Check:
     links = gpu_links(topo)
     pcie = sorted(k for k in links if not k.startswith("NV"))
     data = {"links": sorted(links), "topo": topo}
+    if not links:
+        return Check("topology", WARN, "no GPU links found in `nvidia-smi topo -m`: the links are unknown", data)
     if links and not pcie:
         return Check("topology", OK, f"NVLink between every pair of GPUs ({', '.join(sorted(links))})", data)
-    return Check("topology", INFO, f"PCIe between some GPUs ({', '.join(pcie) or 'unparsed'}): ZeRO-3 moves 1.5x "
+    return Check("topology", INFO, f"PCIe between some GPUs ({', '.join(pcie)}): ZeRO-3 moves 1.5x "
                  "ZeRO-2's data over these links, so prefer ZeRO-2 where it fits", data)
 
 

@@ -210,6 +210,16 @@ def test_topology_nvlink_and_pcie():
     assert pf.check_topology(1, None).status == "ok"
 
 
+def test_topology_with_the_underlined_header_of_an_h200_x2():
+    # `nvidia-smi topo -m` as it came back from a 2 x H200 machine (2026-11-29), escape codes and all
+    topo = ("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+            "GPU0\t X \tNV18\t0-31\t0\t\tN/A\nGPU1\tNV18\t X \t0-31\t0\t\tN/A\n\nLegend:\n")
+    assert pf.gpu_links(topo) == {"NV18"}
+    assert pf.check_topology(2, topo).message == "NVLink between every pair of GPUs (NV18)"
+    unreadable = pf.check_topology(2, "something else entirely\n")
+    assert unreadable.status == "warn" and "links are unknown" in unreadable.message
+
+
 def test_allreduce_measured_on_two_cpu_ranks():
     busbw = pf.measure_allreduce(2, backend="gloo", size_bytes=4 * 2**20, iters=2, timeout_s=120)
     assert busbw > 0
