@@ -95,12 +95,14 @@ def config() -> None:
 @click.option("--gpu-memory", type=float, help="Memory per GPU in GiB (default: detected).")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes.")
 @click.option("--micro-batch", type=int, help="Sequences per GPU per step (default: SFT_MICRO_BATCH).")
+@click.option("--grad-accum", type=int, help="Micro-batches per optimizer step (default: SFT_GRAD_ACCUM).")
 @click.option("--max-length", type=int, help="Tokens per sequence (default: SFT_MAX_LENGTH).")
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=None,
               help="(default: SFT_GRADIENT_CHECKPOINTING)")
 @click.option("--host-memory", type=float, help="Host RAM per node in GiB (default: detected).")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs (GiB: bytes / 2**30, two decimals).")
-def plan(model, gpus, gpu_memory, nodes, micro_batch, max_length, gradient_checkpointing, host_memory, as_json):
+def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gradient_checkpointing, host_memory,
+         as_json):
     """Predict memory per GPU for every ZeRO option and pick the lowest that fits (reads config.json only)."""
     from sft import dsconfig, plan as planner
     from sft.job import _host_memory_gib
@@ -120,7 +122,8 @@ def plan(model, gpus, gpu_memory, nodes, micro_batch, max_length, gradient_check
                          max_length or s.max_length,
                          s.gradient_checkpointing != "false" if gradient_checkpointing is None
                          else gradient_checkpointing,
-                         host_memory or _host_memory_gib(), {o: dsconfig.load(o) for o in dsconfig.FILES})
+                         host_memory or _host_memory_gib(), {o: dsconfig.load(o) for o in dsconfig.FILES},
+                         grad_accum or s.grad_accum)
     click.echo(p.to_json() if as_json else planner.format_table(p))
 
 

@@ -1,20 +1,22 @@
 """The memory planner: which ZeRO option fits this model on these GPUs, and why.
 
-For each option it adds up what one GPU holds at its peak:
+For each option it predicts what one GPU holds at its peak, the larger of two moments:
 
     model states    DeepSpeed's own estimator functions (called, not re-derived)
-  + activations     what autograd keeps for backward (a Llama/Qwen-style decoder, SDPA or flash attention)
-  + logits          the LM head's loss: TRL's fused head, or the full logits (the brief's formula)
-  + buckets         DeepSpeed's communication buckets, from the DeepSpeed config
-  + optimizer step  the flat 16-bit gradient copy DeepSpeed makes just before the fp32 update
+  + accumulation    ZeRO-1/2 with several micro-batches per step: a 16-bit gradient partition
+  + the larger of
+      backward      activations (what autograd keeps; a Llama/Qwen-style decoder, SDPA or flash
+                    attention) + logits (TRL's fused LM head, or the full logits) + DeepSpeed's
+                    communication buckets (from the DeepSpeed config)
+      optimizer     the fp32 gradient partition DeepSpeed builds for Adam, once activations are gone
+                    (with offload: the 16-bit staging on its way to the host, during the backward)
   + margin          allocator fragmentation and the CUDA context
 
 and takes the first option, in PREFERENCE order, whose peak fits the GPU with GPU_FREE_FRACTION kept
 free and whose host memory (offload only) fits the host. Every coefficient below is a named constant,
-to be tuned against peaks measured on a GPU. Calibration so far (FACTS.md, one H200, Qwen3-4B,
-2,048 tokens): the prediction less the CUDA context is at or above every measured peak reserved:
-ZeRO-3 81.2 vs 67.5 GiB, ZeRO-2 97.7 vs 97.4, ZeRO-2 without checkpointing 110.5 vs 98.2, the same at
-micro-batch 2 124.3 vs 112.1, ZeRO-3 with optimizer offload 13.2 vs 13.1.
+fitted to peaks measured on H200s (README, "The planner against measured memory"; tests/test_plan.py
+holds every point): from +0.7% to +8.9% over the measured max_memory_reserved, and the two-GPU points,
+measured after the fit, within the same band.
 """
 
 from __future__ import annotations
@@ -78,12 +80,24 @@ SEED_ZERO = {
     "3": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"},
 }
 
-# --- The optimizer step: DeepSpeed flattens the 16-bit gradient partition (stage 1-2: all of it;
-# stage 3: one sub-group at a time) before the fp32 copy its estimator counts
-STEP_FLAT_GRAD_BYTES = 2
+# --- The optimizer step: DeepSpeed upcasts the gradient partition to fp32 for Adam (stage 1-2: all of
+# it; stage 3: one sub-group at a time). Activations are freed by then, so the step and the backward
+# are two peaks, and the plan takes the larger (measured: ZeRO-2 on one H200 peaks at 89.92 GiB, the
+# model states plus this term, whether 2,048 or 4,096 tokens are checkpointed per micro-batch).
+STEP_FP32_GRAD_BYTES = 4
+# With the optimizer offloaded, a 16-bit sub-group staged on the GPU during the backward, on its way to
+# the host (fitted to one measurement: FACTS.md run G, Qwen3-4B ZeRO-3-offload on one H200, 13.1 GiB;
+# without it the plan said 12.1, 7% under).
+OFFLOAD_STAGING_BYTES = 2
+# --- Gradient accumulation: with more than one micro-batch per step, ZeRO-1 and 2 keep a 16-bit
+# gradient partition across them (measured: +7.5 GiB for Qwen3-4B on one H200 at accumulation 2 and 4,
+# the same at both). Stage 3 accumulates into the fp32 partition its estimator already counts.
+ACCUMULATION_BYTES = 2
 
 # --- Margin and the fit
-FRAGMENTATION = 0.10  # of the sum above: the caching allocator's unusable gaps (fitted to FACTS run C)
+# Of the larger peak: the caching allocator's unusable gaps. Fitted to the grid of 2026-11-29 (README,
+# "The planner against measured memory"): the activation terms already over-count a little.
+FRAGMENTATION = 0.01
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspace, NCCL buffers: outside torch's counters
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
 
@@ -116,6 +130,7 @@ class Setup:
     max_length: int = 2048
     gradient_checkpointing: bool = True
     host_memory_gib: float | None = None  # per node; None: not checked
+    grad_accum: int = 1
 
     @property
     def total_gpus(self) -> int:
@@ -138,6 +153,7 @@ class Row:
     logits: int
     buckets: int
     optimizer_step: int
+    accumulation: int
     margin: int
     host: int  # DeepSpeed's estimate of CPU memory
     fits_gpu: bool
@@ -146,9 +162,19 @@ class Row:
 
     @property
     def peak(self) -> int:
-        """The predicted peak per GPU: the sum of the terms."""
-        return (self.model_states + self.activations + self.logits + self.buckets
-                + self.optimizer_step + self.margin)
+        """The predicted peak per GPU: the larger of the backward's and the optimizer step's."""
+        return self.model_states + self.accumulation + self.busiest_phase + self.margin
+
+    @property
+    def busiest_phase(self) -> int:
+        """What the forward/backward adds to the model states, or what the step adds, whichever is more.
+
+        With the optimizer offloaded, gradients leave for the host during the backward: their staging
+        is part of it."""
+        backward = self.activations + self.logits + self.buckets
+        if self.option.endswith(("offload", "offload-all")):
+            return backward + self.optimizer_step
+        return max(backward, self.optimizer_step)
 
     @property
     def fits(self) -> bool:
@@ -304,13 +330,21 @@ def bucket_bytes(option: str, hidden_size: int, zero: Mapping[str, Any]) -> int:
 
 
 def optimizer_step_bytes(option: str, total_params: int, total_gpus: int, zero: Mapping[str, Any]) -> int:
-    """Bytes per GPU of the step's transient flat 16-bit gradient (none when the step runs on the CPU)."""
-    if option.endswith(("offload", "offload-all")):
-        return 0
+    """Bytes per GPU of the step's transient gradient: fp32 for Adam on the GPU; with the optimizer on the
+    CPU, the 16-bit sub-group staged on the GPU before its copy to the host."""
     partition = -(-total_params // total_gpus)
     if option.startswith("3"):  # stage 3 steps one sub-group at a time
         partition = min(partition, _elements(zero, "sub_group_size"))
-    return STEP_FLAT_GRAD_BYTES * partition
+    if option.endswith(("offload", "offload-all")):
+        return OFFLOAD_STAGING_BYTES * partition
+    return STEP_FP32_GRAD_BYTES * partition
+
+
+def accumulation_bytes(option: str, total_params: int, total_gpus: int, grad_accum: int) -> int:
+    """Bytes per GPU of the 16-bit gradient partition ZeRO-1/2 keep between micro-batches."""
+    if grad_accum == 1 or option.startswith("3"):
+        return 0
+    return ACCUMULATION_BYTES * -(-total_params // total_gpus)
 
 
 def estimate_row(option: str, shape: ModelShape, setup: Setup, ds_config: Mapping[str, Any] | None = None) -> Row:
@@ -323,9 +357,11 @@ def estimate_row(option: str, shape: ModelShape, setup: Setup, ds_config: Mappin
         "logits": logits_bytes(shape, setup.micro_batch, setup.max_length),
         "buckets": bucket_bytes(option, shape.hidden_size, zero),
         "optimizer_step": optimizer_step_bytes(option, shape.total_params, setup.total_gpus, zero),
+        "accumulation": accumulation_bytes(option, shape.total_params, setup.total_gpus, setup.grad_accum),
     }
-    margin = int(FRAGMENTATION * sum(terms.values())) + int(CUDA_CONTEXT_GIB * GIB)
-    peak = sum(terms.values()) + margin
+    unmargined = Row(option=option, **terms, margin=0, host=0, fits_gpu=False, fits_host=None, why="").peak
+    margin = int(FRAGMENTATION * unmargined) + int(CUDA_CONTEXT_GIB * GIB)
+    peak = unmargined + margin
     fits_gpu = peak <= setup.gpu_budget
     fits_host = None
     if "offload" in option and setup.host_memory_gib is not None:
@@ -367,17 +403,17 @@ def label(option: str) -> str:
 def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float, nodes: int = 1,
                     micro_batch: int = 1, max_length: int = 2048, gradient_checkpointing: bool = True,
                     host_memory_gib: float | None = None,
-                    ds_configs: Mapping[str, Mapping[str, Any]] | None = None) -> Plan:
+                    ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1) -> Plan:
     """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config."""
     problems = [f"{name}={value!r}: expected at least 1" for name, value in
                 (("gpus_per_node", gpus_per_node), ("nodes", nodes), ("micro_batch", micro_batch),
-                 ("max_length", max_length)) if value < 1]
+                 ("max_length", max_length), ("grad_accum", grad_accum)) if value < 1]
     if gpu_memory_gib <= 0:
         problems.append(f"gpu_memory_gib={gpu_memory_gib!r}: expected more than 0")
     if problems:
         raise ValueError("; ".join(problems))
     setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
-                  host_memory_gib)
+                  host_memory_gib, grad_accum)
     configs = ds_configs or {}
     rows = tuple(estimate_row(o, shape, setup, configs.get(o)) for o in OPTIONS)
     choice, reason = choose(rows, setup)
@@ -386,10 +422,10 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
 
 def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, nodes: int = 1, micro_batch: int = 1,
          max_length: int = 2048, gradient_checkpointing: bool = True, host_memory_gib: float | None = None,
-         ds_configs: Mapping[str, Mapping[str, Any]] | None = None) -> Plan:
+         ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1) -> Plan:
     """Plan for a model folder or Hub name (reads config.json only)."""
     return plan_from_shape(model_shape(model), gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length,
-                           gradient_checkpointing, host_memory_gib, ds_configs)
+                           gradient_checkpointing, host_memory_gib, ds_configs, grad_accum)
 
 
 def format_table(p: Plan) -> str:
@@ -400,17 +436,19 @@ def format_table(p: Plan) -> str:
     lines = [
         f"{m.name}: {m.total_params:,} parameters, largest layer {m.largest_layer_params:,}",
         (f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {s.gpu_memory_gib:g} GiB "
-         f"({_gib(s.gpu_budget):.2f} allowed), host RAM {host}; micro-batch {s.micro_batch}, "
-         f"{s.max_length} tokens, gradient checkpointing {ckpt}"),
+         f"({_gib(s.gpu_budget):.2f} allowed), host RAM {host}; micro-batch {s.micro_batch} x "
+         f"accumulation {s.grad_accum}, {s.max_length} tokens, gradient checkpointing {ckpt}"),
         "",
-        (f"{'GiB per GPU':<19}{'states':>8}{'activ':>8}{'logits':>8}{'buckets':>8}{'step':>7}{'margin':>8}"
-         f"{'peak':>8}{'host':>9}  fits"),
+        (f"{'GiB per GPU':<19}{'states':>8}{'activ':>8}{'logits':>8}{'buckets':>8}{'step':>7}{'accum':>7}"
+         f"{'margin':>8}{'peak':>8}{'host':>9}  fits"),
     ]
     for r in p.rows:
         fits = "yes" if r.fits else "no (host)" if r.fits_gpu else "no"
         lines.append(f"{label(r.option):<19}{_gib(r.model_states):>8.2f}{_gib(r.activations):>8.2f}"
                      f"{_gib(r.logits):>8.2f}{_gib(r.buckets):>8.2f}{_gib(r.optimizer_step):>7.2f}"
-                     f"{_gib(r.margin):>8.2f}{_gib(r.peak):>8.2f}{_gib(r.host):>9.2f}  {fits}")
-    lines += ["host: DeepSpeed's estimate of CPU memory per node; checked against the host for offload only",
+                     f"{_gib(r.accumulation):>7.2f}{_gib(r.margin):>8.2f}{_gib(r.peak):>8.2f}{_gib(r.host):>9.2f}  {fits}")
+    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin; with offload,"
+              "the step's column is the gradient staged on its way to the host, during the backward",
+              "host: DeepSpeed's estimate of CPU memory per node; checked against the host for offload only",
               "", f"choice: {label(p.choice) if p.choice else 'none'}", p.reason]
     return "\n".join(lines)

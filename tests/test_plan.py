@@ -78,15 +78,16 @@ def test_plan_reads_a_model_folder(tmp_path):
 
 @pytest.mark.parametrize("memory", [A100_80GB, 80.0])  # torch's and nvidia-smi's figures
 def test_seed_card_8x_a100_80gb_picks_zero2(memory):
-    p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True)
+    # the seed's recipe: micro-batch 1, accumulation 4, checkpointing
+    p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True, grad_accum=4)
     assert p.choice == "2"
     assert p.row("1").fits  # ZeRO-1 fits too, but holds more for the same traffic
-    assert p.reason.startswith("ZeRO-2, the lowest option that fits: 47.54 GiB per GPU of ")
+    assert p.reason.startswith("ZeRO-2, the lowest option that fits: 43.73 GiB per GPU of ")
 
 
 @pytest.mark.parametrize("memory", [L40S_48GB, 44.99])
 def test_seed_card_8x_l40s_48gb_picks_zero3(memory):
-    p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True)
+    p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True, grad_accum=4)
     assert p.choice == "3"
     assert not p.row("2").fits_gpu and "too big for the GPU" in p.row("2").why
 
@@ -95,7 +96,7 @@ def test_only_offload_fits_a_small_gpu():
     p = P.plan_from_shape(Q8, 8, 16, host_memory_gib=256)
     assert p.choice == "3-offload"
     assert [r.option for r in p.rows if r.fits] == ["3-offload", "3-offload-all"]
-    p = P.plan_from_shape(Q4, 1, 8, host_memory_gib=128)
+    p = P.plan_from_shape(Q4, 1, 10, host_memory_gib=128)
     assert p.choice == "3-offload-all"
 
 
@@ -104,7 +105,7 @@ def test_host_too_small_for_offload_means_nothing_fits():
     assert p.choice is None
     assert p.row("3-offload").fits_gpu and p.row("3-offload").fits_host is False
     assert p.reason.startswith("nothing fits on 8 x 16 GiB with 64 GiB of host RAM")
-    assert ("ZeRO-3-offload: fits the GPU, 10.87 GiB per GPU of 14.40 allowed (16 less 10% kept free), but needs "
+    assert ("ZeRO-3-offload: fits the GPU, 11.95 GiB per GPU of 14.40 allowed (16 less 10% kept free), but needs "
             "183.08 GiB of host RAM per node (DeepSpeed's estimate), 64 available") in p.reason
 
 
@@ -121,11 +122,15 @@ def test_json_shape():
     assert d["choice"] == "2" and d["model"]["total_params"] == 8_190_735_360
     assert d["setup"]["gpu_budget"] == 71.32  # 79.25 GiB less 10% kept free
     assert [o["option"] for o in d["options"]] == ["1", "2", "3", "3-offload", "3-offload-all"]
-    sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "margin", "peak", "host"]
+    sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin", "peak",
+             "host"]
     for o in d["options"]:
         assert set(o) == set(sizes) | {"option", "fits_gpu", "fits_host", "fits", "why"}
         assert all(isinstance(o[k], float) and o[k] == round(o[k], 2) for k in sizes)
-        terms = sum(o[k] for k in sizes[:-2])
+        # the larger of the two phases: the backward's terms, or the optimizer step's
+        backward = o["activations"] + o["logits"] + o["buckets"]
+        phase = backward + o["optimizer_step"] if "offload" in o["option"] else max(backward, o["optimizer_step"])
+        terms = o["model_states"] + o["accumulation"] + phase + o["margin"]
         assert abs(o["peak"] - terms) <= 0.05  # each term rounded on its own
     assert d["options"][3]["fits_host"] is True and d["options"][1]["fits_host"] is None
 
@@ -170,21 +175,63 @@ def test_shipped_configs_give_the_seed_buckets():
     assert shipped.rows == P.plan_from_shape(Q8, 8, A100_80GB).rows
 
 
-def test_predictions_cover_the_measured_peaks():
-    # FACTS.md, one H200, Qwen3-4B, 2,048 tokens: peak reserved GiB (no CUDA context in it)
-    runs = [("3", {}, 67.5), ("2", {}, 97.4), ("2", {"gradient_checkpointing": False}, 98.2),
-            ("2", {"gradient_checkpointing": False, "micro_batch": 2}, 112.1), ("3-offload", {}, 13.1)]
-    for option, kw, measured in runs:
-        row = P.plan_from_shape(Q4, 1, H200, **kw).row(option)
-        predicted = row.peak / GIB - P.CUDA_CONTEXT_GIB
-        assert measured <= predicted <= measured * 1.25, (option, kw, predicted, measured)
+# Measured on H200s (2026-11-29, torch 2.11, transformers 5.24, flex attention unless said, packed rows):
+# the largest rank's max_memory_reserved in GiB (no CUDA context in it), by scripts/bench_memory.py and
+# scripts/bench.py. The planner's constants were fitted to the one-GPU rows; the two-GPU rows of Qwen3-8B
+# were measured after the fit, with the fitted planner.
+# (shape, GPUs, option, micro-batch, accumulation, max_length, checkpointing, measured)
+MEASURED = [
+    (Q4, 1, "2", 2, 1, 2048, True, 89.92), (Q4, 1, "2", 2, 1, 2048, False, 100.99),
+    (Q4, 1, "3", 2, 1, 2048, True, 67.50), (Q4, 1, "2", 1, 1, 2048, True, 89.92),
+    (Q4, 1, "2", 1, 1, 2048, False, 89.93), (Q4, 1, "2", 1, 1, 4096, True, 89.92),
+    (Q4, 1, "2", 1, 1, 4096, False, 101.11), (Q4, 1, "2", 2, 2, 2048, False, 109.21),
+    (Q4, 1, "2", 1, 4, 2048, True, 97.40),
+    (Q4, 1, "3", 1, 4, 2048, True, 67.50),  # the seed's recipe: unpacked, SDPA
+    (Q8, 2, "2", 2, 2, 2048, True, 107.16),  # the defaults of that day, ZeRO-2 chosen by the planner
+    (Q8, 2, "2", 1, 4, 2048, True, 107.16),  # the seed's recipe with ZeRO-2: unpacked, SDPA
+    (Q8, 2, "3", 1, 4, 2048, True, 72.90),  # the seed's recipe: unpacked, SDPA
+    (Q8, 2, "3", 2, 1, 2048, True, 72.89),
+    # ../shared/FACTS.md, one H200, earlier versions (transformers 5.17), SDPA: runs C, D, F and G
+    (Q4, 1, "2", 1, 4, 2048, True, 97.4), (Q4, 1, "2", 1, 4, 2048, False, 98.2),
+    (Q4, 1, "2", 2, 2, 2048, False, 112.1), (Q4, 1, "3-offload", 1, 4, 2048, True, 13.1),
+]
+
+
+@pytest.mark.parametrize("shape,gpus,option,mb,accum,length,ckpt,measured", MEASURED)
+def test_predictions_are_within_the_target_of_the_measured_peaks(shape, gpus, option, mb, accum, length, ckpt,
+                                                                  measured):
+    # issue 4's target: at most 10% over (memory left unused), never more than 5% under (a crash)
+    row = P.plan_from_shape(shape, gpus, 139.8, micro_batch=mb, max_length=length, gradient_checkpointing=ckpt,
+                            grad_accum=accum).row(option)
+    predicted = row.peak / GIB - P.CUDA_CONTEXT_GIB
+    assert -0.05 <= predicted / measured - 1 <= 0.10, (predicted, measured)
+
+
+def test_the_peak_is_the_larger_phase():
+    # ZeRO-2 on one GPU: the optimizer step's fp32 gradient outweighs checkpointed activations, so more
+    # tokens per micro-batch leave the peak where it is (measured: 89.92 GiB at 2,048 and 4,096 tokens)
+    short, long = (P.plan_from_shape(Q4, 1, 139.8, max_length=n).row("2") for n in (2048, 4096))
+    assert short.optimizer_step > short.activations + short.logits + short.buckets
+    assert short.peak == long.peak
+    # without checkpointing the backward is the larger phase and grows with the tokens
+    short, long = (P.plan_from_shape(Q4, 1, 139.8, max_length=n, gradient_checkpointing=False).row("2")
+                   for n in (2048, 4096))
+    assert long.peak > short.peak
+
+
+def test_accumulation_keeps_a_16_bit_gradient_partition_in_zero_1_and_2():
+    one, four = (P.plan_from_shape(Q8, 8, 80, grad_accum=n) for n in (1, 4))
+    for option in ("1", "2"):
+        assert one.row(option).accumulation == 0
+        assert four.row(option).accumulation == 2 * -(-Q8.total_params // 8)
+    assert four.row("3").accumulation == 0  # stage 3 accumulates into the fp32 partition DeepSpeed counts
 
 
 def test_bad_numbers_are_all_reported():
     with pytest.raises(ValueError) as e:
-        P.plan_from_shape(Q8, gpus_per_node=0, gpu_memory_gib=0, micro_batch=0)
+        P.plan_from_shape(Q8, gpus_per_node=0, gpu_memory_gib=0, micro_batch=0, grad_accum=0)
     assert str(e.value) == ("gpus_per_node=0: expected at least 1; micro_batch=0: expected at least 1; "
-                            "gpu_memory_gib=0: expected more than 0")
+                            "grad_accum=0: expected at least 1; gpu_memory_gib=0: expected more than 0")
 
 
 def test_format_table():
