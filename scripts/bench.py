@@ -4,7 +4,7 @@
 Each configuration runs through the job's own entrypoint (`entrypoint.py probe`), so what is timed is
 what users run. Prints tokens/s (non-padding, steady state), MFU, peak memory and the ratio to the seed.
 
-MFU = tokens/s x 6 x N / peak, N = the parameters in a matrix multiplication per token: all of them,
+MFU per GPU = tokens/s / GPUs x 6 x N / peak, N = the parameters in a matrix multiplication per token: all of them,
 less the input embedding unless it is tied to the output layer (Qwen3-4B ties it: N = 4.02e9).
 Attention FLOPs are not counted. Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200.
 
@@ -39,6 +39,14 @@ CONFIGS = {
                              attention="sdpa"),
     "pack-z2-mb2-nockpt-flex": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
                                     attention="flex_attention"),
+    # Levers with no setting of their own, through SFT_TRAINER_ARGS on top of the defaults.
+    "liger": dict(trainer_args='{"use_liger_kernel": true}'),  # RMSNorm, SwiGLU, RoPE kernels (needs liger-kernel)
+    "compile": dict(trainer_args='{"torch_compile": true}'),
+    "mb4-ckpt": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true"),
+    "mb4-ckpt-liger": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true",
+                           trainer_args='{"use_liger_kernel": true}'),
+    "mb1-nockpt": dict(micro_batch=1, grad_accum=4, gradient_checkpointing="false"),
+    "ga8": dict(grad_accum=8),
 }
 
 
@@ -76,26 +84,27 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
               ", ".join(CONFIGS))
 @click.option("--steps", default=12, show_default=True, help="Probe steps per configuration.")
 @click.option("--work", default="/tmp/bench", type=click.Path(path_type=Path), help="Scratch folder.")
-def main(model: str, data: str, configs: str, steps: int, work: Path) -> None:
+@click.option("--gpus", default="all", show_default=True, help="SFT_GPUS for every configuration.")
+def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
     rows = []
     for name in configs.split(","):
-        row = run_probe(name, model, data, steps, work)
+        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus})
         if "tokens_per_second" in row:
-            row["mfu"] = row["tokens_per_second"] * 6 * n / PEAK_FLOPS
+            row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
         rows.append(row)
         click.echo(json.dumps(row), err=True)
     seed = next((r.get("tokens_per_second") for r in rows if r["name"] == "seed"), None)
     click.echo(f"\nN = {n:,} parameters in matmuls per token; peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
-    click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'tokens/s':>9} {'MFU':>6} {'s/step':>7} "
+    click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'tokens/s':>9} {'MFU/GPU':>7} {'s/step':>7} "
                f"{'peak GiB':>9} {'x seed':>7}")
     for r in rows:
         tps = r.get("tokens_per_second")
         ratio = f"{tps / seed:.2f}" if tps and seed else "-"
         peak = max(r.get("peak_reserved_gib") or [0])
         click.echo(f"{r['name']:<26} {r['exit']:>4} {r.get('stage', '-'):>6} {tps or 0:>9.0f} "
-                   f"{r.get('mfu', 0):>6.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
+                   f"{r.get('mfu', 0):>7.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
     (work / "bench.json").write_text(json.dumps(rows, indent=1))
 
 

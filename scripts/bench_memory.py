@@ -42,12 +42,12 @@ def point_name(stage: str, micro_batch: int, max_length: int, checkpointing: str
 
 
 def measure(model: str, data: str, steps: int, work: Path, stage: str, micro_batch: int, max_length: int,
-            checkpointing: str) -> dict:
+            checkpointing: str, gpus: str = "all") -> dict:
     """One probe with these settings; the plan's prediction and the measured peak from its output."""
     name = point_name(stage, micro_batch, max_length, checkpointing)
     probed = run_probe(name, model, data, steps, work, settings=dict(
         zero_stage=stage, micro_batch=micro_batch, grad_accum=1, max_length=max_length, packing="true",
-        gradient_checkpointing="true" if checkpointing == "on" else "false"))
+        gradient_checkpointing="true" if checkpointing == "on" else "false", gpus=gpus))
     row = {"point": name, "stage": stage, "micro_batch": micro_batch, "max_length": max_length,
            "checkpointing": checkpointing, "exit": probed["exit"], "wall_s": probed["wall_s"]}
     summary_file = work / name / "run" / "summary.json"  # the plan the job made for these settings
@@ -95,7 +95,8 @@ def csv(value: str) -> list[str]:
 @click.option("--steps", default=8, show_default=True, help="Probe steps per point (the peak comes early).")
 @click.option("--work", default="/tmp/bench-memory", type=click.Path(path_type=Path), help="Scratch folder.")
 @click.option("--deadline", default=0.0, help="Seconds after which no new point starts (0: none).")
-def main(model, data, stages, micro_batches, lengths, checkpointing, steps, work, deadline) -> None:
+@click.option("--gpus", default="all", show_default=True, help="SFT_GPUS for every point.")
+def main(model, data, stages, micro_batches, lengths, checkpointing, steps, work, deadline, gpus) -> None:
     work.mkdir(parents=True, exist_ok=True)
     results = work / "memory.jsonl"
     done = {json.loads(line)["point"]: json.loads(line) for line in results.read_text().splitlines()} \
@@ -109,7 +110,7 @@ def main(model, data, stages, micro_batches, lengths, checkpointing, steps, work
             if deadline and time.monotonic() - started > deadline:
                 click.echo(f"deadline: {name} and later points not measured; run again to go on", err=True)
                 break
-            done[name] = measure(model, data, steps, work, stage, mb, length, ckpt)
+            done[name] = measure(model, data, steps, work, stage, mb, length, ckpt, gpus)
             with open(results, "a") as f:
                 f.write(json.dumps(done[name]) + "\n")
             click.echo(json.dumps(done[name]), err=True)
