@@ -56,7 +56,9 @@ probe:  ## only the probe, in the image
 
 lock:  ## re-pin requirements.lock from requirements.in (in a fresh venv)
 	rm -rf /tmp/lock-venv && $(PYTHON) -m venv /tmp/lock-venv
-	/tmp/lock-venv/bin/pip install -q -r requirements.in
+	grep -v '^liger-kernel' requirements.in > /tmp/lock-venv/requirements.in
+	/tmp/lock-venv/bin/pip install -q -r /tmp/lock-venv/requirements.in
+	/tmp/lock-venv/bin/pip install -q --no-deps "$$(grep '^liger-kernel' requirements.in | cut -d' ' -f1)"
 	/tmp/lock-venv/bin/pip freeze | sed 's/+cpu$$//' > requirements.lock
 
 clean:  ## remove the demo's output

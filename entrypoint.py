@@ -100,15 +100,20 @@ def config() -> None:
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=None,
               help="(default: SFT_GRADIENT_CHECKPOINTING)")
 @click.option("--host-memory", type=float, help="Host RAM per node in GiB (default: detected).")
+@click.option("--liger/--no-liger", default=None, help="Liger's kernels (default: SFT_LIGER_KERNELS, auto: on "
+              "with GPUs here and liger-kernel installed).")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs (GiB: bytes / 2**30, two decimals).")
 def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gradient_checkpointing, host_memory,
-         as_json):
+         liger, as_json):
     """Predict memory per GPU for every ZeRO option and pick the lowest that fits (reads config.json only)."""
     from sft import dsconfig, plan as planner
-    from sft.job import _host_memory_gib
+    from sft.job import _host_memory_gib, liger_on
+    from sft.launch import detect_ranks
     from sft.plan import GIB
 
     s = load_settings()
+    if liger is None:
+        liger = liger_on(s, detect_ranks(s))
     if gpus is None or gpu_memory is None:
         import torch
 
@@ -123,7 +128,7 @@ def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gr
                          s.gradient_checkpointing != "false" if gradient_checkpointing is None
                          else gradient_checkpointing,
                          host_memory or _host_memory_gib(), {o: dsconfig.load(o) for o in dsconfig.FILES},
-                         grad_accum or s.grad_accum)
+                         grad_accum or s.grad_accum, liger)
     click.echo(p.to_json() if as_json else planner.format_table(p))
 
 

@@ -24,29 +24,31 @@ import click
 
 REPO = Path(__file__).resolve().parent.parent
 PEAK_FLOPS = 790e12
-# The seed's recipe as its sft_ds.py writes it, and the levers measured against it.
+# The seed's recipe as its sft_ds.py writes it, and the levers measured against it. Each names every
+# setting it measures, so a later change of the defaults does not change what a name means.
+NO_LIGER = dict(liger_kernels="false")
 CONFIGS = {
     "seed": dict(zero_stage="3", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                 attention="sdpa"),
+                 attention="sdpa", **NO_LIGER),
     "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                       attention="sdpa"),
+                       attention="sdpa", **NO_LIGER),
     "default": dict(),  # the image's defaults, nothing set
     "pack-z2-mb1-ckpt": dict(zero_stage="2", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                             attention="sdpa"),
+                             attention="sdpa", **NO_LIGER),
     "pack-z2-mb2-nockpt": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
-                               attention="sdpa"),
+                               attention="sdpa", **NO_LIGER),
     "pack-z2-mb4-ckpt": dict(zero_stage="2", micro_batch=4, grad_accum=1, gradient_checkpointing="true",
-                             attention="sdpa"),
+                             attention="sdpa", **NO_LIGER),
+    # the defaults of the first session: 2 x 2 packed rows, flex, no checkpointing (the planner's pick)
     "pack-z2-mb2-nockpt-flex": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
-                                    attention="flex_attention"),
-    # Levers with no setting of their own, through SFT_TRAINER_ARGS on top of the defaults.
-    "liger": dict(trainer_args='{"use_liger_kernel": true}'),  # RMSNorm, SwiGLU, RoPE kernels (needs liger-kernel)
+                                    attention="flex_attention", **NO_LIGER),
+    # levers against that row
+    "liger": dict(micro_batch=2, grad_accum=2, gradient_checkpointing="false", liger_kernels="true"),
+    "ga8": dict(micro_batch=2, grad_accum=8, gradient_checkpointing="false", **NO_LIGER),
+    "mb4-ckpt": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true", **NO_LIGER),
+    "mb4-ckpt-liger": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true", liger_kernels="true"),
+    # levers with no setting of their own go through SFT_TRAINER_ARGS, on top of the defaults
     "compile": dict(trainer_args='{"torch_compile": true}'),
-    "mb4-ckpt": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true"),
-    "mb4-ckpt-liger": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true",
-                           trainer_args='{"use_liger_kernel": true}'),
-    "mb1-nockpt": dict(micro_batch=1, grad_accum=4, gradient_checkpointing="false"),
-    "ga8": dict(grad_accum=8),
 }
 
 

@@ -21,9 +21,12 @@ pin() { grep "^$1==" "$lock"; }
 # torch first: DeepSpeed's build imports it to compile its ops. Its own dependencies as the lock pins them.
 "$python" -m pip install "${cache[@]}" -c "$lock" "$(pin torch)"
 rest=$(mktemp)
-grep -v -e '^torch==' -e '^deepspeed==' "$lock" > "$rest"
+grep -v -e '^torch==' -e '^deepspeed==' -e '^liger-kernel==' "$lock" > "$rest"
 "$python" -m pip install "${cache[@]}" -r "$rest"
 rm -f "$rest"
+# Liger's kernels need Triton, which CUDA builds of torch bring and CPU builds do not: no dependencies of
+# its own, so a CPU host gets no Triton it cannot use (SFT_LIGER_KERNELS=auto then leaves them off).
+"$python" -m pip install "${cache[@]}" --no-deps "$(pin liger-kernel)"
 # DeepSpeed records the accelerator its ops were built for and loads a prebuilt op only under the same
 # one. A build with no GPU (docker build) would detect and record "cpu": follow torch's build instead.
 accelerator=${DS_ACCELERATOR:-$("$python" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')}

@@ -57,21 +57,27 @@ class Settings:
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
     epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
-    micro_batch: int = _setting(2, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
+    micro_batch: int = _setting(4, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
                                 "conversations with SFT_PACKING=false; the seed's recipe: 1).", min=1)
-    grad_accum: int = _setting(2, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
+    grad_accum: int = _setting(1, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
     max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
     packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "
                              "itself (SFT_MICRO_BATCH then counts rows); false: one padded conversation per row.")
     attention: str = _setting("auto", "Attention kernel: " + ", ".join(ATTENTIONS) + "; auto: flex_attention on "
                               "GPUs (its block mask skips the other sequences of a packed row), sdpa on CPU.",
                               choices=ATTENTIONS)
+    liger_kernels: str = _setting("auto", "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (TRL's "
+                                  "use_liger_kernel): true, false, or auto: on GPUs where liger-kernel is "
+                                  "installed (the image has it), off on CPU.", choices=SWITCH)
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
                                            "or auto: off when the planner predicts the stage fits without it, "
                                            "confirmed by the probe.", choices=SWITCH)
+    trainer_args: str | None = _setting(None, "JSON object of further SFTConfig arguments under TRL's own names, "
+                                        "for levers the image has no setting for, e.g. {\"torch_compile\": true}. "
+                                        "Arguments the job sets itself are refused, naming the SFT_ variable.")
     logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
     seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
@@ -218,7 +224,55 @@ def check(s: Settings) -> list[str]:
         problems.append(_bad("SFT_GPUS", s.gpus, "a GPU is listed twice"))
     if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
         problems.append(_bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
+    if s.trainer_args is not None:
+        problems += _check_trainer_args(s.trainer_args)
+    if s.liger_kernels == "true" and not liger_available():
+        problems.append(_bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
+                             "(the image has them): install them, or use auto or false"))
     problems += _check_output_dir(s.output_dir)
+    return problems
+
+
+# SFTConfig arguments the job sets from its own settings (or must set itself): SFT_TRAINER_ARGS may not.
+OWNED_ARGS = {
+    "per_device_train_batch_size": "SFT_MICRO_BATCH", "gradient_accumulation_steps": "SFT_GRAD_ACCUM",
+    "max_length": "SFT_MAX_LENGTH", "packing": "SFT_PACKING", "num_train_epochs": "SFT_EPOCHS",
+    "max_steps": "SFT_MAX_STEPS", "learning_rate": "SFT_LEARNING_RATE", "bf16": "SFT_PRECISION",
+    "fp16": "SFT_PRECISION", "activation_checkpointing": "SFT_GRADIENT_CHECKPOINTING",
+    "gradient_checkpointing": "SFT_GRADIENT_CHECKPOINTING", "logging_steps": "SFT_LOGGING_STEPS",
+    "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT", "seed": "SFT_SEED",
+    "data_seed": "SFT_SEED", "output_dir": "SFT_OUTPUT_DIR", "deepspeed": "SFT_DS_CONFIG or SFT_ZERO_STAGE",
+    "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
+    "save_strategy": "SFT_SAVE_STEPS", "accelerator_config": "the job (the ranks' process group)",
+    "use_liger_kernel": "SFT_LIGER_KERNELS",
+}
+
+
+def liger_available() -> bool:
+    """liger-kernel and the Triton it compiles with are importable (found, not imported: Triton is slow)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
+
+
+def _check_trainer_args(value: str) -> list[str]:
+    try:
+        args = json.loads(value)
+    except json.JSONDecodeError as e:
+        return [_bad("SFT_TRAINER_ARGS", value, f"not JSON ({e})")]
+    if not isinstance(args, dict):
+        return [_bad("SFT_TRAINER_ARGS", value, 'expected a JSON object such as {"torch_compile": true}')]
+    from trl import SFTConfig  # only when the setting is used: TRL takes seconds to import
+
+    known = {f.name for f in dataclasses.fields(SFTConfig)}
+    problems = []
+    for name in args:
+        if name in OWNED_ARGS:
+            problems.append(_bad("SFT_TRAINER_ARGS", value, f"{name} is set by the job: use {OWNED_ARGS[name]}"))
+        elif name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
+            problems.append(_bad("SFT_TRAINER_ARGS", value, f"{name}: unknown argument ({hint})"))
     return problems
 
 

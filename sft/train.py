@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,11 @@ def trainer_arguments(s: dict, mode: str, output_dir: str, ds_config: str | None
         report_to="none",
         # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
         ddp_timeout=s["node_timeout_seconds"],
+        use_liger_kernel=s["liger_kernels"],  # TRL applies the layer kernels only (its fused LM head stays)
         model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": s["attention"]},
         # On CPU ranks the gloo state made in _setup_distributed must be used (FACTS.md).
         accelerator_config={"use_configured_state": in_rank and not on_gpu},
+        **json.loads(s.get("trainer_args") or "{}"),  # checked in settings: none of the above
     )
 
 
@@ -121,6 +124,9 @@ def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
     config = trainer_arguments(s, spec["mode"], spec["trainer_output_dir"], spec["ds_config"], spec["max_steps"],
                                on_gpu)
     dataset = load_conversations(s["dataset"], s["dataset_split"])
+    # TRL 1.16 deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
+    # offline, with liger-kernel installed, so its warning would only repeat on every rank.
+    warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
     callback = ProgressCallback(stop, report, {"stage": spec["stage"], "world_size": int(os.environ["WORLD_SIZE"])})
     trainer = SFTTrainer(model=s["model"], args=config, train_dataset=dataset, callbacks=[callback])
     callback.trainer = trainer

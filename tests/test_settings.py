@@ -14,9 +14,10 @@ def test_no_variables_gives_the_seed_job_with_fast_settings(isolated_env):
     s = from_env({})
     assert (s.model, s.dataset, s.dataset_split) == ("Qwen/Qwen3-8B", "trl-lib/Capybara", "train")
     assert (s.max_length, s.epochs, s.learning_rate, s.save_steps, s.save_total_limit) == (2048, 1.0, 1e-5, 200, 2)
-    # the seed's micro-batch 1 x accumulation 4 of padded conversations, as 2 x 2 packed rows (README: Speed)
-    assert (s.packing, s.micro_batch, s.grad_accum, s.attention, s.gradient_checkpointing) == (
-        True, 2, 2, "auto", "auto")
+    # the seed's micro-batch 1 x accumulation 4 of padded conversations, as 4 packed rows in one pass
+    # (README: Speed)
+    assert (s.packing, s.micro_batch, s.grad_accum, s.attention, s.gradient_checkpointing, s.liger_kernels) == (
+        True, 4, 1, "auto", "auto", "auto")
     assert (s.zero_stage, s.probe_steps, s.max_steps) == ("auto", 50, -1)
 
 
@@ -46,6 +47,9 @@ GOOD = [
     ("SFT_DATASET", "HuggingFaceH4/ultrachat_200k", "dataset", "HuggingFaceH4/ultrachat_200k"),
     ("SFT_HUB_REPO", "alice/qwen3-sft", "hub_repo", "alice/qwen3-sft"),
     ("SFT_NODE_TIMEOUT_SECONDS", "30", "node_timeout_seconds", 30),
+    ("SFT_LIGER_KERNELS", "off", "liger_kernels", "false"),
+    ("SFT_TRAINER_ARGS", '{"torch_compile": true, "dataloader_num_workers": 2}', "trainer_args",
+     '{"torch_compile": true, "dataloader_num_workers": 2}'),
 ]
 
 
@@ -76,6 +80,12 @@ BAD = [
     ("SFT_DS_CONFIG", "/nonexistent.json", "no such file"),
     ("SFT_HUB_REPO", "just-a-name", "expected a repo id such as"),
     ("SFT_NODE_TIMEOUT_SECONDS", "0", "expected at least 1"),
+    ("SFT_LIGER_KERNELS", "maybe", "expected true or false (1/0, yes/no, on/off), or auto"),
+    ("SFT_TRAINER_ARGS", "{torch_compile: true}", "not JSON"),
+    ("SFT_TRAINER_ARGS", '["torch_compile"]', 'expected a JSON object such as {"torch_compile": true}'),
+    ("SFT_TRAINER_ARGS", '{"torch_compiled": true}', "torch_compiled: unknown argument (did you mean torch_compile?)"),
+    ("SFT_TRAINER_ARGS", '{"per_device_train_batch_size": 8}',
+     "per_device_train_batch_size is set by the job: use SFT_MICRO_BATCH"),
 ]
 
 
@@ -86,6 +96,16 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
     (problem,) = e.value.problems
     assert problem.startswith(f"{var}={raw!r}: ")
     assert message in problem
+
+
+def test_liger_kernels_true_needs_liger_and_triton(isolated_env):
+    from sft.settings import liger_available
+
+    if liger_available():
+        pytest.skip("liger-kernel and triton are installed here: the error cannot happen")
+    with pytest.raises(SettingsError, match="SFT_LIGER_KERNELS='true': liger-kernel and triton are not both "
+                                            "installed here"):
+        from_env({"SFT_LIGER_KERNELS": "true"})
 
 
 def test_model_folder_without_config(isolated_env, tmp_path):
@@ -144,7 +164,7 @@ def test_help_lists_every_variable(tmp_path):
 
 def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     env = clean_environ(tmp_path)
-    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_MICRO_BATCH="2", SFT_OUTPUT_DIR=str(
+    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_MICRO_BATCH="2", SFT_GRAD_ACCUM="2", SFT_OUTPUT_DIR=str(
         tmp_path / "out"))
     result = run_entrypoint(env, "config")
     assert result.returncode == 0, result.stderr
