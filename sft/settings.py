@@ -28,6 +28,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
 # The variables of the ecosystem the job reads under their own names (documented, never SFT_).
 ECOSYSTEM_VARS = {
     "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO; read at run time, never stored.",
@@ -245,6 +246,12 @@ OWNED_ARGS = {
     "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
     "save_strategy": "SFT_SAVE_STEPS", "accelerator_config": "the job (the ranks' process group)",
     "use_liger_kernel": "SFT_LIGER_KERNELS",
+    # the job uploads, and the token stays out of every file (training_args.bin pickles these arguments)
+    "hub_token": "HF_TOKEN in the environment", "push_to_hub": "SFT_HUB_REPO", "hub_model_id": "SFT_HUB_REPO",
+    "hub_strategy": "SFT_UPLOAD_MINUTES", "hub_private_repo": "SFT_HUB_REPO (always private)",
+    # a resume needs the whole DeepSpeed state, and the job decides where it resumes from
+    "save_only_model": "the job (a resume needs the optimizer state)",
+    "resume_from_checkpoint": "the job (it resumes by itself)",
 }
 
 
@@ -256,23 +263,26 @@ def liger_available() -> bool:
 
 
 def _check_trainer_args(value: str) -> list[str]:
+    shown = HF_TOKEN_TEXT.sub("hf_***", value)  # a token typed in here must not reach the log either
     try:
         args = json.loads(value)
     except json.JSONDecodeError as e:
-        return [_bad("SFT_TRAINER_ARGS", value, f"not JSON ({e})")]
+        return [_bad("SFT_TRAINER_ARGS", shown, f"not JSON ({e})")]
     if not isinstance(args, dict):
-        return [_bad("SFT_TRAINER_ARGS", value, 'expected a JSON object such as {"torch_compile": true}')]
+        return [_bad("SFT_TRAINER_ARGS", shown, 'expected a JSON object such as {"torch_compile": true}')]
+    if "hub_token" in args:
+        shown = json.dumps({**args, "hub_token": "***"})
     from trl import SFTConfig  # only when the setting is used: TRL takes seconds to import
 
     known = {f.name for f in dataclasses.fields(SFTConfig)}
     problems = []
     for name in args:
         if name in OWNED_ARGS:
-            problems.append(_bad("SFT_TRAINER_ARGS", value, f"{name} is set by the job: use {OWNED_ARGS[name]}"))
+            problems.append(_bad("SFT_TRAINER_ARGS", shown, f"{name} is set by the job: use {OWNED_ARGS[name]}"))
         elif name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
-            problems.append(_bad("SFT_TRAINER_ARGS", value, f"{name}: unknown argument ({hint})"))
+            problems.append(_bad("SFT_TRAINER_ARGS", shown, f"{name}: unknown argument ({hint})"))
     return problems
 
 

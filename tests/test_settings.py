@@ -98,6 +98,15 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
     assert message in problem
 
 
+def test_a_token_in_trainer_args_is_refused_and_never_shown(isolated_env):
+    for raw in ('{"hub_token": "hf_abcdefghijkl", "seed": 1}', '{"hub_token": hf_abcdefghijkl}'):
+        with pytest.raises(SettingsError) as e:
+            from_env({"SFT_TRAINER_ARGS": raw})
+        assert "hf_abcdefghijkl" not in str(e.value)
+    with pytest.raises(SettingsError, match="hub_token is set by the job: use HF_TOKEN in the environment"):
+        from_env({"SFT_TRAINER_ARGS": '{"hub_token": "hf_abcdefghijkl"}'})
+
+
 def test_liger_kernels_true_needs_liger_and_triton(isolated_env):
     from sft.settings import liger_available
 
