@@ -174,14 +174,7 @@ class Row:
 
     @property
     def busiest_phase(self) -> int:
-        """What the forward/backward adds to the model states, or what the step adds, whichever is more.
-
-        With the optimizer offloaded, gradients leave for the host during the backward: their staging
-        is part of it."""
-        backward = self.activations + self.logits + self.buckets
-        if self.option.endswith(("offload", "offload-all")):
-            return backward + self.optimizer_step
-        return max(backward, self.optimizer_step)
+        return busiest_phase(self.option, self.activations + self.logits + self.buckets, self.optimizer_step)
 
     @property
     def fits(self) -> bool:
@@ -349,6 +342,16 @@ def optimizer_step_bytes(option: str, total_params: int, total_gpus: int, zero: 
     return STEP_FP32_GRAD_BYTES * partition
 
 
+def busiest_phase(option: str, backward: int, optimizer_step: int) -> int:
+    """What the forward/backward adds to the model states, or what the step adds, whichever is more.
+
+    With the optimizer offloaded, gradients leave for the host during the backward: their staging is
+    part of it."""
+    if option.endswith(("offload", "offload-all")):
+        return backward + optimizer_step
+    return max(backward, optimizer_step)
+
+
 def accumulation_bytes(option: str, total_params: int, total_gpus: int, grad_accum: int) -> int:
     """Bytes per GPU of the 16-bit gradient partition ZeRO-1/2 keep between micro-batches."""
     if grad_accum == 1 or option.startswith("3"):
@@ -369,7 +372,8 @@ def estimate_row(option: str, shape: ModelShape, setup: Setup, ds_config: Mappin
         "optimizer_step": optimizer_step_bytes(option, shape.total_params, setup.total_gpus, zero),
         "accumulation": accumulation_bytes(option, shape.total_params, setup.total_gpus, setup.grad_accum),
     }
-    unmargined = Row(option=option, **terms, margin=0, host=0, fits_gpu=False, fits_host=None, why="").peak
+    phase = busiest_phase(option, terms["activations"] + terms["logits"] + terms["buckets"], terms["optimizer_step"])
+    unmargined = terms["model_states"] + terms["accumulation"] + phase
     margin = int(FRAGMENTATION * unmargined) + int(CUDA_CONTEXT_GIB * GIB)
     peak = unmargined + margin
     fits_gpu = peak <= setup.gpu_budget
@@ -459,9 +463,10 @@ def format_table(p: Plan) -> str:
         fits = "yes" if r.fits else "no (host)" if r.fits_gpu else "no"
         lines.append(f"{label(r.option):<19}{_gib(r.model_states):>8.2f}{_gib(r.activations):>8.2f}"
                      f"{_gib(r.logits):>8.2f}{_gib(r.buckets):>8.2f}{_gib(r.optimizer_step):>7.2f}"
-                     f"{_gib(r.accumulation):>7.2f}{_gib(r.margin):>8.2f}{_gib(r.peak):>8.2f}{_gib(r.host):>9.2f}  {fits}")
-    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin; with offload,"
-              "the step's column is the gradient staged on its way to the host, during the backward",
+                     f"{_gib(r.accumulation):>7.2f}{_gib(r.margin):>8.2f}{_gib(r.peak):>8.2f}"
+                     f"{_gib(r.host):>9.2f}  {fits}")
+    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin",
+              "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
               "host: DeepSpeed's estimate of CPU memory per node; checked against the host for offload only",
               "", f"choice: {label(p.choice) if p.choice else 'none'}", p.reason]
     return "\n".join(lines)

@@ -284,7 +284,7 @@ def check_topology(gpus: int, topo: str | None) -> Check:
     data = {"links": sorted(links), "topo": topo}
     if not links:
         return Check("topology", WARN, "no GPU links found in `nvidia-smi topo -m`: the links are unknown", data)
-    if links and not pcie:
+    if not pcie:
         return Check("topology", OK, f"NVLink between every pair of GPUs ({', '.join(sorted(links))})", data)
     return Check("topology", INFO, f"PCIe between some GPUs ({', '.join(pcie)}): ZeRO-3 moves 1.5x "
                  "ZeRO-2's data over these links, so prefer ZeRO-2 where it fits", data)

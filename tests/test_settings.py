@@ -173,8 +173,8 @@ def test_help_lists_every_variable(tmp_path):
 
 def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     env = clean_environ(tmp_path)
-    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_MICRO_BATCH="2", SFT_GRAD_ACCUM="2", SFT_OUTPUT_DIR=str(
-        tmp_path / "out"))
+    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_MICRO_BATCH="2", SFT_GRAD_ACCUM="2",
+               SFT_OUTPUT_DIR=str(tmp_path / "out"))
     result = run_entrypoint(env, "config")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
