@@ -22,6 +22,9 @@ from .plan import GIB
 from .settings import Settings, liger_available
 from .train import RANK_OOM_EXIT
 
+BATCH_SEARCH_TRIES = 3  # splits timed at most: each loads the model once more
+BATCH_SEARCH_STEPS = 10  # steps per split: steady_rates skips the first 2
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -99,6 +102,8 @@ class Job:
     def __init__(self, s: Settings, team: coordinate.Team):
         self.s, self.paths, self.stopper = s, Paths(s.output_path), Stopper()
         self.team, self.ranks = team, team.ranks
+        # the split of the rows per step: the settings', or the batch search's, or a resumed checkpoint's
+        self.micro_batch, self.grad_accum, self.batch_searched = s.micro_batch, s.grad_accum, False
         self.summary: dict[str, Any] = {"settings": s.to_dict(), "nodes": team.nodes.nnodes, "escalations": []}
         self.target = None  # the Hub repo, once preflight checked it
         self.uploader = None
@@ -121,7 +126,9 @@ class Job:
         if code is not None:
             return self._close(code, "preflight failed")
         if self.s.probe_steps > 0 and resume is None:
-            code = self._probe()
+            code = self._search_batch() if self._batch_search_on() else exitcodes.DONE
+            if code == exitcodes.DONE:
+                code = self._probe()
             if code != exitcodes.DONE or probe_only:
                 return self._close(code, "probed" if code == exitcodes.DONE else "probe failed")
         elif probe_only:
@@ -170,7 +177,13 @@ class Job:
         from . import plan, preflight
 
         shape = plan.model_shape(self.s.model)
-        self.plan = self._plan(shape)
+        searched = checkpoints.recorded(resume).get("batch") if resume else None
+        if searched:  # the batch search chose it: the resumed run keeps the same split
+            self.micro_batch, self.grad_accum = searched["micro_batch"], searched["grad_accum"]
+            self.batch_searched = True
+            print(f"batch: {self.micro_batch} x {self.grad_accum}, as the batch search chose it for {resume.name}",
+                  flush=True)
+        self.shape, self.plan = shape, self._plan(shape, searched["gradient_checkpointing"] if searched else None)
         offload_row = self.plan.row("3-offload")
         checks = preflight.run_preflight(
             str(self.paths.out), zero_stage=self.s.zero_stage if self.s.ds_config is None else "3",
@@ -196,26 +209,28 @@ class Job:
             return exitcodes.PREFLIGHT
         return None
 
-    def _plan(self, shape):
-        """The plan for the settings; with SFT_GRADIENT_CHECKPOINTING=auto, off where the stage still fits."""
+    def _plan(self, shape, checkpointing: bool | None = None):
+        """The plan for the settings; with SFT_GRADIENT_CHECKPOINTING=auto, off where the stage still fits
+        (checkpointing given: as a resumed checkpoint's batch search decided it)."""
         from . import plan
 
         # the machine and the configs once: with auto checkpointing the plan is made twice
         gpu_memory, host_memory = _rank_memory_gib(self.ranks), _host_memory_gib()
         configs = {o: dsconfig.load(o) for o in dsconfig.FILES}
 
-        def make(checkpointing: bool):
+        def make(checkpointing: bool, micro_batch: int = 0, grad_accum: int = 0):
             return plan.plan_from_shape(shape, self.ranks.count, gpu_memory, nodes=self.ranks.nodes,
-                                        micro_batch=self.s.micro_batch, max_length=self.s.max_length,
+                                        micro_batch=micro_batch or self.micro_batch, max_length=self.s.max_length,
                                         gradient_checkpointing=checkpointing, host_memory_gib=host_memory,
-                                        ds_configs=configs, grad_accum=self.s.grad_accum,
+                                        ds_configs=configs, grad_accum=grad_accum or self.grad_accum,
                                         liger_kernels=liger_on(self.s, self.ranks))
 
+        self._make_plan = make  # the batch search plans its candidates the same way
         setting = self.s.gradient_checkpointing
-        p = make(setting != "false")
-        self.checkpointing = setting != "false"
+        p = make(setting != "false" if checkpointing is None else checkpointing)
+        self.checkpointing = setting != "false" if checkpointing is None else checkpointing
         stage = self._explicit_stage() or p.choice
-        if setting == "auto" and stage in dsconfig.FILES:
+        if setting == "auto" and checkpointing is None and stage in dsconfig.FILES:
             without = make(False)
             if without.row(stage).fits:  # recomputing activations costs a third more compute: skip it if it fits
                 p, self.checkpointing = without, False
@@ -232,7 +247,7 @@ class Job:
 
     def resolved(self) -> dict[str, Any]:
         """The settings with every auto decided: what the ranks are given and the summary records."""
-        return resolve(self.s, self.ranks, self.checkpointing)
+        return resolve(self.s, self.ranks, self.checkpointing, (self.micro_batch, self.grad_accum))
 
     def _first_stage(self, resume: Path | None) -> str | None:
         recorded = checkpoints.recorded(resume).get("stage") if resume else None
@@ -274,22 +289,91 @@ class Job:
     def _probe_once(self) -> int:
         s = self.s
         print(f"probe: {s.probe_steps} steps with ZeRO {self.stage} on {self.ranks.world} rank(s)", flush=True)
-        spec = self._spec("probe", trainer_output_dir=str(self.paths.run / "probe"), max_steps=s.probe_steps)
-        code = self._launch(spec)
-        reports = self._rank_reports("probe")
-        if self.stopper.requested:
-            return exitcodes.STOPPED
-        if code == RANK_OOM_EXIT or any(r.get("status") == "oom" for r in reports):
-            raise ProbeOutOfMemory("the probe ran out of GPU memory")
-        if code != 0 or len(reports) != self.ranks.world or any(r["status"] != "done" for r in reports):
-            print(f"error: the probe failed (launcher exit code {code}); see the ranks' output above", flush=True)
-            return exitcodes.PROBE_FAILED
-        fig = probe.figures(reports, s.to_dict())
-        fig["stage"] = self.stage
+        code, fig, reports = self._timed_run(s.probe_steps, "probe")
+        if code != exitcodes.DONE:
+            return code
         report.write_json(self.paths.run / "probe.json", fig)
         self.summary["probe"] = fig
         print("probe:\n" + probe.table(fig), flush=True)
         self._check_headroom(reports)
+        return exitcodes.DONE
+
+    def _timed_run(self, steps: int, name: str) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
+        """Ranks that train `steps` steps and save nothing; their figures and reports. Raises
+        ProbeOutOfMemory when a rank runs out of memory."""
+        spec = self._spec("probe", trainer_output_dir=str(self.paths.run / name), max_steps=steps)
+        code = self._launch(spec)
+        reports = self._rank_reports("probe")
+        if self.stopper.requested:
+            return exitcodes.STOPPED, {}, reports
+        if code == RANK_OOM_EXIT or any(r.get("status") == "oom" for r in reports):
+            raise ProbeOutOfMemory(f"the {name} ran out of GPU memory")
+        if code != 0 or len(reports) != self.ranks.world or any(r["status"] != "done" for r in reports):
+            print(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above", flush=True)
+            return exitcodes.PROBE_FAILED, {}, reports
+        fig = probe.figures(reports, self.resolved())
+        fig["stage"] = self.stage
+        return exitcodes.DONE, fig, reports
+
+    # -- the batch search -----------------------------------------------------------------------
+
+    def _batch_search_on(self) -> bool:
+        return self.s.batch_search == "true" or (self.s.batch_search == "auto" and self.ranks.on_gpu)
+
+    def _batch_candidates(self) -> list[tuple[int, int, bool]]:
+        """(micro-batch, accumulation, checkpointing) splits of the rows per step that the plan says fit at
+        this stage, most rows per pass first, at most BATCH_SEARCH_TRIES. Per micro-batch, checkpointing
+        only where it must be on: at the same micro-batch, recomputing the forward only costs time."""
+        rows = self.s.micro_batch * self.s.grad_accum
+        setting = self.s.gradient_checkpointing
+        found = []
+        for mb in (m for m in range(rows, 0, -1) if rows % m == 0):
+            for checkpointing in ((False, True) if setting == "auto" else (setting == "true",)):
+                if self._make_plan(checkpointing, mb, rows // mb).row(self.stage).fits_gpu:
+                    found.append((mb, rows // mb, checkpointing))
+                    break
+        return found[:BATCH_SEARCH_TRIES]
+
+    def _search_batch(self) -> int:
+        """Time each candidate split in a short run; keep the fastest that did not run out of memory."""
+        candidates = self._batch_candidates()
+        if len(candidates) < 2:
+            return exitcodes.DONE  # nothing to choose between: the probe decides as before
+        steps = min(self.s.probe_steps, BATCH_SEARCH_STEPS)
+        print(f"batch search: {len(candidates)} splits of {self.s.micro_batch * self.s.grad_accum} rows per "
+              f"step, {steps} steps each, with ZeRO {self.stage}", flush=True)
+        tries = []
+        for mb, accum, checkpointing in candidates:
+            self.micro_batch, self.grad_accum, self.checkpointing = mb, accum, checkpointing
+            tried = {"micro_batch": mb, "grad_accum": accum, "gradient_checkpointing": checkpointing}
+            try:
+                code, fig, reports = self._timed_run(steps, "batch search")
+                if code == exitcodes.DONE:
+                    self._check_headroom(reports)
+            except ProbeOutOfMemory as e:
+                code, fig, tried["out_of_memory"] = exitcodes.DONE, {}, str(e)
+            if code != exitcodes.DONE:
+                return code
+            tried["tokens_per_second"] = fig.get("tokens_per_second")
+            tried["peak_reserved_gib"] = fig.get("peak_reserved_gib")
+            tries.append(tried)
+            print(f"batch search: {mb} x {accum}, checkpointing {'on' if checkpointing else 'off'}: "
+                  + (f"{tried['tokens_per_second']:,.0f} tokens/s" if tried["tokens_per_second"] else
+                     tried.get("out_of_memory", "too few steps to time")), flush=True)
+        timed = [t for t in tries if t["tokens_per_second"]]
+        self.summary["batch_search"] = {"rows_per_step": self.s.micro_batch * self.s.grad_accum, "steps": steps,
+                                        "tries": tries}
+        if not timed:  # every split failed: the settings' own, and the probe's usual escalation
+            self.micro_batch, self.grad_accum = self.s.micro_batch, self.s.grad_accum
+            self.checkpointing = candidates[-1][2]
+            print("batch search: no split could be timed; probing the settings' own", flush=True)
+            return exitcodes.DONE
+        best = max(timed, key=lambda t: t["tokens_per_second"])
+        self.micro_batch, self.grad_accum = best["micro_batch"], best["grad_accum"]
+        self.checkpointing, self.batch_searched = best["gradient_checkpointing"], True
+        self.summary["batch_search"]["chosen"] = best
+        print(f"batch search: keeping {self.micro_batch} x {self.grad_accum}, checkpointing "
+              f"{'on' if self.checkpointing else 'off'}", flush=True)
         return exitcodes.DONE
 
     def _check_headroom(self, reports: list[dict[str, Any]]) -> None:
@@ -352,6 +436,7 @@ class Job:
             print("pin_memory: off (ulimit -l is too low for pinned host memory)", flush=True)
         ds_path = dsconfig.write(config, self.paths.run / "ds_config.json")
         spec = {"settings": self.resolved(), "mode": mode, "stage": self.stage, "ds_config": str(ds_path),
+                "batch_searched": self.batch_searched,
                 "stop_file": str(self.paths.stop_file), "report_dir": str(self.paths.run / "reports"),
                 "final_dir": str(self.paths.final), **extra}
         for old in (self.paths.run / "reports").glob(f"{mode}-rank*.json"):
@@ -408,10 +493,12 @@ class Job:
         return code
 
 
-def resolve(s: Settings, ranks: Ranks, checkpointing: bool) -> dict[str, Any]:
-    """Settings as the ranks use them: attention and checkpointing decided, never "auto"."""
+def resolve(s: Settings, ranks: Ranks, checkpointing: bool, batch: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Settings as the ranks use them: attention, checkpointing and the batch split decided, never "auto"."""
     resolved = s.to_dict()
     resolved["gradient_checkpointing"] = checkpointing
+    if batch is not None:
+        resolved["micro_batch"], resolved["grad_accum"] = batch
     if s.attention == "auto":
         # flex_attention's block mask skips the other sequences of a packed row (measured on one H200:
         # 10,075 against 7,091 tokens/s with SDPA's dense mask, README); on CPU it has no fast kernel.

@@ -61,6 +61,11 @@ class Settings:
     micro_batch: int = _setting(4, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
                                 "conversations with SFT_PACKING=false; the seed's recipe: 1).", min=1)
     grad_accum: int = _setting(1, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
+    batch_search: str = _setting("auto", "Before the probe, time the ways to split SFT_MICRO_BATCH x SFT_GRAD_ACCUM "
+                                 "rows per step (micro-batch x accumulation, checkpointing where auto) that the "
+                                 "planner says fit, in short probes, and keep the fastest: the same rows per step. "
+                                 "auto: on GPUs, unless SFT_MICRO_BATCH or SFT_GRAD_ACCUM is set; true, false.",
+                                 choices=SWITCH)
     max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
     packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "
                              "itself (SFT_MICRO_BATCH then counts rows); false: one padded conversation per row.")
@@ -149,6 +154,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         except ValueError as e:
             problems.append(_bad(var, raw, str(e)))
     problems += nodes.problems(environ, values.get("launcher", LAUNCHERS[0]))
+    if values.get("batch_search", "auto") == "auto" and any(environ.get(v, "").strip() for v in (
+            env_name("micro_batch"), env_name("grad_accum"))):
+        values["batch_search"] = "false"  # a split the user wrote is kept as written
     if not problems:
         settings = Settings(**values)
         problems += check(settings)

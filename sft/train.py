@@ -54,11 +54,15 @@ def main(spec_path: str) -> int:
 
 
 def _simulated_oom(spec: dict) -> None:
-    """Test hook: the probe rank raises the real OOM error for the stages listed in SFTTEST_OOM_STAGES,
-    so escalation is tested end to end on a machine with no GPU to run out of."""
+    """Test hook: the probe rank raises the real OOM error for the stages listed in SFTTEST_OOM_STAGES and
+    the micro-batches in SFTTEST_OOM_MICRO_BATCHES, so escalation and the batch search are tested end to
+    end on a machine with no GPU to run out of."""
     stages = os.environ.get("SFTTEST_OOM_STAGES", "").split(",")
+    micro_batches = os.environ.get("SFTTEST_OOM_MICRO_BATCHES", "").split(",")
     if spec["mode"] == "probe" and spec["stage"] in stages:
         raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for ZeRO {spec['stage']} by SFTTEST_OOM_STAGES)")
+    if spec["mode"] == "probe" and str(spec["settings"]["micro_batch"]) in micro_batches:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated for this micro-batch by SFTTEST_OOM_MICRO_BATCHES)")
 
 
 def _setup_distributed(timeout_s: int) -> bool:
@@ -127,7 +131,10 @@ def build_trainer(spec: dict, on_gpu: bool, stop: StopRequest, report: dict):
     # TRL 1.16 deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
-    callback = ProgressCallback(stop, report, {"stage": spec["stage"], "world_size": int(os.environ["WORLD_SIZE"])})
+    record = {"stage": spec["stage"], "world_size": int(os.environ["WORLD_SIZE"])}
+    if spec.get("batch_searched"):  # a resume keeps the split the search chose, not the settings'
+        record["batch"] = {k: s[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing")}
+    callback = ProgressCallback(stop, report, record)
     trainer = SFTTrainer(model=s["model"], args=config, train_dataset=dataset, callbacks=[callback])
     callback.trainer = trainer
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.

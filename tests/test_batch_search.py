@@ -1,0 +1,52 @@
+"""The batch search: the ways to split the rows per step, timed in short runs before the probe, the
+fastest kept; a split that runs out of memory (the real OOM error, raised in the rank) is passed over,
+and a resumed run keeps the split its checkpoint was trained with."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import demo_env, read_summary, run_entrypoint
+from sft.settings import from_env
+
+
+def test_auto_searches_only_where_the_user_left_the_split_alone(isolated_env):
+    assert from_env({}).batch_search == "auto"
+    assert from_env({"SFT_MICRO_BATCH": "2"}).batch_search == "false"
+    assert from_env({"SFT_GRAD_ACCUM": "4"}).batch_search == "false"
+    assert from_env({"SFT_GRAD_ACCUM": "4", "SFT_BATCH_SEARCH": "true"}).batch_search == "true"
+
+
+@pytest.mark.slow
+def test_the_fastest_split_that_fits_is_kept_and_a_resume_keeps_it(tmp_path):
+    env = demo_env(tmp_path, batch_search="true", probe_steps=4, max_steps=4, save_steps=4, max_length=128)
+    env["SFTTEST_OOM_MICRO_BATCHES"] = "4"  # the largest split runs out of memory
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "batch search: 3 splits of 4 rows per step, 4 steps each" in result.stdout
+    search = read_summary(tmp_path / "out")["batch_search"]
+    tries = search["tries"]
+    assert [(t["micro_batch"], t["grad_accum"]) for t in tries] == [(4, 1), (2, 2), (1, 4)]
+    assert "ran out of GPU memory" in tries[0]["out_of_memory"] and tries[0]["tokens_per_second"] is None
+    best = max(tries[1:], key=lambda t: t["tokens_per_second"])
+    assert search["chosen"] == best
+    summary = read_summary(tmp_path / "out")
+    # the probe and the training ran with the chosen split, the same rows per step
+    assert (summary["resolved"]["micro_batch"], summary["resolved"]["grad_accum"]) == (
+        best["micro_batch"], best["grad_accum"])
+    assert summary["probe"]["stage"] == summary["stage"] and summary["status"] == "done"
+    record = json.loads((tmp_path / "out" / "checkpoint-4" / "sft_job.json").read_text())
+    assert record["batch"] == {k: best[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing")}
+
+    # a second start from the checkpoint (final/ gone): no search, the recorded split
+    shutil.rmtree(tmp_path / "out" / "final")
+    again = run_entrypoint(env)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "batch search:" not in again.stdout
+    assert f"batch: {best['micro_batch']} x {best['grad_accum']}, as the batch search chose it for checkpoint-4" \
+        in again.stdout
+    resumed = read_summary(tmp_path / "out")["resolved"]
+    assert (resumed["micro_batch"], resumed["grad_accum"]) == (best["micro_batch"], best["grad_accum"])
