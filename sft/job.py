@@ -183,7 +183,7 @@ class Job:
             self.batch_searched = True
             print(f"batch: {self.micro_batch} x {self.grad_accum}, as the batch search chose it for {resume.name}",
                   flush=True)
-        self.shape, self.plan = shape, self._plan(shape, searched["gradient_checkpointing"] if searched else None)
+        self.plan = self._plan(shape, searched["gradient_checkpointing"] if searched else None)
         offload_row = self.plan.row("3-offload")
         checks = preflight.run_preflight(
             str(self.paths.out), zero_stage=self.s.zero_stage if self.s.ds_config is None else "3",
@@ -301,7 +301,7 @@ class Job:
     def _timed_run(self, steps: int, name: str) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
         """Ranks that train `steps` steps and save nothing; their figures and reports. Raises
         ProbeOutOfMemory when a rank runs out of memory."""
-        spec = self._spec("probe", trainer_output_dir=str(self.paths.run / name), max_steps=steps)
+        spec = self._spec("probe", trainer_output_dir=str(self.paths.run / name.replace(" ", "-")), max_steps=steps)
         code = self._launch(spec)
         reports = self._rank_reports("probe")
         if self.stopper.requested:
@@ -342,7 +342,7 @@ class Job:
         steps = min(self.s.probe_steps, BATCH_SEARCH_STEPS)
         print(f"batch search: {len(candidates)} splits of {self.s.micro_batch * self.s.grad_accum} rows per "
               f"step, {steps} steps each, with ZeRO {self.stage}", flush=True)
-        tries = []
+        planned, tries = (self.micro_batch, self.grad_accum, self.checkpointing), []
         for mb, accum, checkpointing in candidates:
             self.micro_batch, self.grad_accum, self.checkpointing = mb, accum, checkpointing
             tried = {"micro_batch": mb, "grad_accum": accum, "gradient_checkpointing": checkpointing}
@@ -363,10 +363,9 @@ class Job:
         timed = [t for t in tries if t["tokens_per_second"]]
         self.summary["batch_search"] = {"rows_per_step": self.s.micro_batch * self.s.grad_accum, "steps": steps,
                                         "tries": tries}
-        if not timed:  # every split failed: the settings' own, and the probe's usual escalation
-            self.micro_batch, self.grad_accum = self.s.micro_batch, self.s.grad_accum
-            self.checkpointing = candidates[-1][2]
-            print("batch search: no split could be timed; probing the settings' own", flush=True)
+        if not timed:  # every split failed: the planned one, and the probe's usual escalation
+            self.micro_batch, self.grad_accum, self.checkpointing = planned
+            print("batch search: no split could be timed; probing the planned one", flush=True)
             return exitcodes.DONE
         best = max(timed, key=lambda t: t["tokens_per_second"])
         self.micro_batch, self.grad_accum = best["micro_batch"], best["grad_accum"]
