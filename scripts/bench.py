@@ -4,8 +4,8 @@
 Each configuration runs through the job's own entrypoint (`entrypoint.py probe`), so what is timed is
 what users run. Prints tokens/s (non-padding, steady state), MFU, peak memory and the ratio to the seed.
 
-MFU per GPU = tokens/s / GPUs x 6 x N / peak, N = the parameters in a matrix multiplication per token: all of them,
-less the input embedding unless it is tied to the output layer (Qwen3-4B ties it: N = 4.02e9).
+MFU per GPU = tokens/s / GPUs x 6 x N / peak, N = the parameters in a matrix multiplication per token:
+all of them, less the input embedding unless it is tied to the output layer (Qwen3-4B ties it: N = 4.02e9).
 Attention FLOPs are not counted. Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200.
 
     python scripts/bench.py --model DIR --data FILE [--configs seed,default,...] [--steps 12]
@@ -64,12 +64,12 @@ def matmul_params(model: str) -> int:
     return total if cfg.tie_word_embeddings else total - m.get_input_embeddings().weight.numel()
 
 
-def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict | None = None) -> dict:
-    """`entrypoint.py probe` with these settings (default: CONFIGS[name]) into WORK/NAME; its probe.json figures."""
+def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict) -> dict:
+    """`entrypoint.py probe` with these SFT_* settings into WORK/NAME; its probe.json figures."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
     env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_PROBE_STEPS=str(steps), SFT_OUTPUT_DIR=str(work / name),
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    env.update({f"SFT_{k.upper()}": str(v) for k, v in (CONFIGS[name] if settings is None else settings).items()})
+    env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:
         code = subprocess.call([sys.executable, str(REPO / "entrypoint.py"), "probe"], env=env, cwd=REPO,

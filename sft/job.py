@@ -214,23 +214,26 @@ class Job:
         (checkpointing given: as a resumed checkpoint's batch search decided it)."""
         from . import plan
 
-        # the machine and the configs once: with auto checkpointing the plan is made twice
+        # the machine, the configs and Liger once: the plan is made again for auto checkpointing and
+        # for each split the batch search considers
         gpu_memory, host_memory = _rank_memory_gib(self.ranks), _host_memory_gib()
         configs = {o: dsconfig.load(o) for o in dsconfig.FILES}
+        liger = liger_on(self.s, self.ranks)
 
         def make(checkpointing: bool, micro_batch: int = 0, grad_accum: int = 0):
             return plan.plan_from_shape(shape, self.ranks.count, gpu_memory, nodes=self.ranks.nodes,
                                         micro_batch=micro_batch or self.micro_batch, max_length=self.s.max_length,
                                         gradient_checkpointing=checkpointing, host_memory_gib=host_memory,
                                         ds_configs=configs, grad_accum=grad_accum or self.grad_accum,
-                                        liger_kernels=liger_on(self.s, self.ranks))
+                                        liger_kernels=liger)
 
         self._make_plan = make  # the batch search plans its candidates the same way
         setting = self.s.gradient_checkpointing
-        p = make(setting != "false" if checkpointing is None else checkpointing)
+        decide = setting == "auto" and checkpointing is None  # a resumed batch search's choice stands
         self.checkpointing = setting != "false" if checkpointing is None else checkpointing
+        p = make(self.checkpointing)
         stage = self._explicit_stage() or p.choice
-        if setting == "auto" and checkpointing is None and stage in dsconfig.FILES:
+        if decide and stage in dsconfig.FILES:
             without = make(False)
             if without.row(stage).fits:  # recomputing activations costs a third more compute: skip it if it fits
                 p, self.checkpointing = without, False

@@ -57,11 +57,11 @@ def _simulated_oom(spec: dict) -> None:
     """Test hook: the probe rank raises the real OOM error for the stages listed in SFTTEST_OOM_STAGES and
     the micro-batches in SFTTEST_OOM_MICRO_BATCHES, so escalation and the batch search are tested end to
     end on a machine with no GPU to run out of."""
-    stages = os.environ.get("SFTTEST_OOM_STAGES", "").split(",")
-    micro_batches = os.environ.get("SFTTEST_OOM_MICRO_BATCHES", "").split(",")
-    if spec["mode"] == "probe" and spec["stage"] in stages:
+    if spec["mode"] != "probe":
+        return
+    if spec["stage"] in os.environ.get("SFTTEST_OOM_STAGES", "").split(","):
         raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for ZeRO {spec['stage']} by SFTTEST_OOM_STAGES)")
-    if spec["mode"] == "probe" and str(spec["settings"]["micro_batch"]) in micro_batches:
+    if str(spec["settings"]["micro_batch"]) in os.environ.get("SFTTEST_OOM_MICRO_BATCHES", "").split(","):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated for this micro-batch by SFTTEST_OOM_MICRO_BATCHES)")
 
 
