@@ -47,6 +47,10 @@ CONFIGS = {
     "ga8": dict(micro_batch=2, grad_accum=8, gradient_checkpointing="false", **NO_LIGER),
     "mb4-ckpt": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true", **NO_LIGER),
     "mb4-ckpt-liger": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="true", liger_kernels="true"),
+    "mb4-liger": dict(micro_batch=4, grad_accum=1, gradient_checkpointing="false", liger_kernels="true",
+                      batch_search="false"),
+    "mb4-liger-z1": dict(zero_stage="1", micro_batch=4, grad_accum=1, gradient_checkpointing="false",
+                         liger_kernels="true", batch_search="false"),
     # levers with no setting of their own go through SFT_TRAINER_ARGS, on top of the defaults
     "compile": dict(trainer_args='{"torch_compile": true}'),
 }
@@ -74,9 +78,13 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     with open(work / f"{name}.log", "w") as log:
         code = subprocess.call([sys.executable, str(REPO / "entrypoint.py"), "probe"], env=env, cwd=REPO,
                                stdout=log, stderr=subprocess.STDOUT)
-    probe_file = work / name / "run" / "probe.json"
+    probe_file, summary_file = work / name / "run" / "probe.json", work / name / "run" / "summary.json"
     fig = json.loads(probe_file.read_text()) if probe_file.exists() else {}
-    return {"name": name, "exit": code, "wall_s": round(time.time() - start), **fig}
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    used = summary.get("resolved") or {}  # what ran: the batch search's split, auto's checkpointing and Liger
+    split = {k: used[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing", "liger_kernels") if k in used}
+    return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig,
+            "batch_search": summary.get("batch_search")}
 
 
 @click.command()
@@ -99,14 +107,25 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str)
         click.echo(json.dumps(row), err=True)
     seed = next((r.get("tokens_per_second") for r in rows if r["name"] == "seed"), None)
     click.echo(f"\nN = {n:,} parameters in matmuls per token; peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
-    click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'tokens/s':>9} {'MFU/GPU':>7} {'s/step':>7} "
-               f"{'peak GiB':>9} {'x seed':>7}")
+    click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'batch':>6} {'ckpt':>5} {'liger':>5} {'tokens/s':>9} "
+               f"{'MFU/GPU':>7} {'s/step':>7} {'peak GiB':>9} {'x seed':>7}")
     for r in rows:
         tps = r.get("tokens_per_second")
         ratio = f"{tps / seed:.2f}" if tps and seed else "-"
         peak = max(r.get("peak_reserved_gib") or [0])
-        click.echo(f"{r['name']:<26} {r['exit']:>4} {r.get('stage', '-'):>6} {tps or 0:>9.0f} "
+        batch = f"{r['micro_batch']}x{r['grad_accum']}" if "micro_batch" in r else "-"
+        yes_no = {True: "on", False: "off"}
+        click.echo(f"{r['name']:<26} {r['exit']:>4} {r.get('stage', '-'):>6} {batch:>6} "
+                   f"{yes_no.get(r.get('gradient_checkpointing'), '-'):>5} {yes_no.get(r.get('liger_kernels'), '-'):>5} "
+                   f"{tps or 0:>9.0f} "
                    f"{r.get('mfu', 0):>7.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
+    for r in rows:
+        for t in (r.get("batch_search") or {}).get("tries", []):
+            tps = t.get("tokens_per_second")
+            click.echo(f"  {r['name']}'s batch search: {t['micro_batch']}x{t['grad_accum']} checkpointing "
+                       f"{'on' if t['gradient_checkpointing'] else 'off'}: " +
+                       (f"{tps:.0f} tokens/s, {tps / r['world_size'] * 6 * n / PEAK_FLOPS:.1%} MFU/GPU, peak "
+                        f"{max(t.get('peak_reserved_gib') or [0]):.1f} GiB" if tps else t.get("out_of_memory", "-")))
     (work / "bench.json").write_text(json.dumps(rows, indent=1))
 
 

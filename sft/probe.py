@@ -36,6 +36,8 @@ def figures(reports: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str
         "device": main.get("device"),
         "steps_per_epoch": main.get("steps_per_epoch"),
     }
+    if any("alloc_retries" in r for r in reports):
+        out["alloc_retries"] = [r.get("alloc_retries", 0) for r in sorted(reports, key=lambda r: r["rank"])]
     out.update(steady_rates(main["steps"]) or {})
     out.update(projection(out, settings))
     return out
@@ -86,5 +88,8 @@ def table(fig: dict[str, Any]) -> str:
     ]
     if "projected_cost" in fig:
         rows.append(("projected cost", fig["projected_cost"]))
+    if any(fig.get("alloc_retries") or []):
+        # PyTorch's allocator ran out, freed its cache and retried: the steps that did it stalled
+        rows.append(("allocator cache flushes per rank", ", ".join(map(str, fig["alloc_retries"]))))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

@@ -210,6 +210,7 @@ def _results(trainer, result, stop: StopRequest) -> dict[str, Any]:
 def _reset_peak_memory(on_gpu: bool) -> None:
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()  # alloc_retries counts the training's, not the loading's
 
 
 def _peak_memory(on_gpu: bool) -> dict[str, Any]:
@@ -218,7 +219,9 @@ def _peak_memory(on_gpu: bool) -> dict[str, Any]:
     if on_gpu:
         return {"device": torch.cuda.get_device_name(), "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
                 "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-                "total_bytes": torch.cuda.get_device_properties(0).total_memory}
+                "total_bytes": torch.cuda.get_device_properties(0).total_memory,
+                # times the caching allocator freed its cache to satisfy a request: each one stalls the step
+                "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}
     # On CPU the closest figure is the process's peak resident memory (ru_maxrss is in KiB on Linux).
     return {"device": "cpu", "peak_reserved_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
