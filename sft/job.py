@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import checkpoints, coordinate, dsconfig, exitcodes, nodes, probe, report
 from .launch import Launch, Ranks, detect_ranks
@@ -324,24 +324,27 @@ class Job:
         return self.s.batch_search == "true" or (self.s.batch_search == "auto" and self.ranks.on_gpu)
 
     def _batch_candidates(self) -> list[tuple[int, int, bool]]:
-        """(micro-batch, accumulation, checkpointing) splits of the rows per step that the plan says fit at
-        this stage, most rows per pass first, at most BATCH_SEARCH_TRIES. Per micro-batch, checkpointing
-        only where it must be on: at the same micro-batch, recomputing the forward only costs time."""
         rows = self.s.micro_batch * self.s.grad_accum
         setting = self.s.gradient_checkpointing
-        found = []
-        for mb in (m for m in range(rows, 0, -1) if rows % m == 0):
-            for checkpointing in ((False, True) if setting == "auto" else (setting == "true",)):
-                if self._make_plan(checkpointing, mb, rows // mb).row(self.stage).fits_gpu:
-                    found.append((mb, rows // mb, checkpointing))
-                    break
-        return found[:BATCH_SEARCH_TRIES]
+        return batch_candidates(
+            rows, (False, True) if setting == "auto" else (setting == "true",),
+            fits=lambda mb, checkpointing: self._make_plan(checkpointing, mb, rows // mb).row(self.stage).fits_gpu,
+            every=self.s.batch_search == "true")
 
     def _search_batch(self) -> int:
         """Time each candidate split in a short run; keep the fastest that did not run out of memory."""
         candidates = self._batch_candidates()
-        if len(candidates) < 2:
-            return exitcodes.DONE  # nothing to choose between: the probe decides as before
+        if len(candidates) < 2:  # nothing to choose between: the probe decides as before
+            if candidates:
+                mb, accum, checkpointing = candidates[0]
+                print(f"batch search: {mb} x {accum}, checkpointing {'on' if checkpointing else 'off'}, is the one "
+                      f"split of {mb * accum} rows per step that can be the fastest; nothing to time", flush=True)
+                if (mb, accum, checkpointing) != (self.micro_batch, self.grad_accum, self.checkpointing):
+                    # the planned split does not fit this stage: this one does (a resume keeps it)
+                    self.micro_batch, self.grad_accum, self.checkpointing = mb, accum, checkpointing
+                    self.batch_searched = True
+            return exitcodes.DONE
+        search_started = time.monotonic()
         steps = min(self.s.probe_steps, BATCH_SEARCH_STEPS)
         print(f"batch search: {len(candidates)} splits of {self.s.micro_batch * self.s.grad_accum} rows per "
               f"step, {steps} steps each, with ZeRO {self.stage}", flush=True)
@@ -349,6 +352,7 @@ class Job:
         for mb, accum, checkpointing in candidates:
             self.micro_batch, self.grad_accum, self.checkpointing = mb, accum, checkpointing
             tried = {"micro_batch": mb, "grad_accum": accum, "gradient_checkpointing": checkpointing}
+            started = time.monotonic()
             try:
                 code, fig, reports = self._timed_run(steps, "batch search")
                 if code == exitcodes.DONE:
@@ -359,6 +363,7 @@ class Job:
                 return code
             tried["tokens_per_second"] = fig.get("tokens_per_second")
             tried["peak_reserved_gib"] = fig.get("peak_reserved_gib")
+            tried["wall_seconds"] = round(time.monotonic() - started, 1)  # what the try cost, model load included
             tries.append(tried)
             print(f"batch search: {mb} x {accum}, checkpointing {'on' if checkpointing else 'off'}: "
                   + (f"{tried['tokens_per_second']:,.0f} tokens/s" if tried["tokens_per_second"] else
@@ -374,8 +379,10 @@ class Job:
         self.micro_batch, self.grad_accum = best["micro_batch"], best["grad_accum"]
         self.checkpointing, self.batch_searched = best["gradient_checkpointing"], True
         self.summary["batch_search"]["chosen"] = best
+        self.summary["batch_search"]["wall_seconds"] = round(time.monotonic() - search_started, 1)
         print(f"batch search: keeping {self.micro_batch} x {self.grad_accum}, checkpointing "
-              f"{'on' if self.checkpointing else 'off'}", flush=True)
+              f"{'on' if self.checkpointing else 'off'} ({self.summary['batch_search']['wall_seconds']:.0f} s "
+              f"spent searching)", flush=True)
         return exitcodes.DONE
 
     def _check_headroom(self, reports: list[dict[str, Any]]) -> None:
@@ -493,6 +500,26 @@ class Job:
             print("error: trained, but not uploaded: " + "; ".join(missing), flush=True)
             return exitcodes.UPLOAD_INCOMPLETE
         return code
+
+
+def batch_candidates(rows: int, checkpointing: tuple[bool, ...], fits: Callable[[int, bool], bool],
+                     every: bool) -> list[tuple[int, int, bool]]:
+    """(micro-batch, accumulation, checkpointing) splits of `rows` per step worth timing, most rows per pass
+    first, at most BATCH_SEARCH_TRIES. Each micro-batch comes with the first checkpointing choice that
+    `fits` (the planner) allows, off before on: at the same micro-batch, recomputing only costs time.
+
+    every=False (SFT_BATCH_SEARCH=auto): only the splits that can be the fastest. At the same
+    checkpointing, more rows per pass measured faster every time (README, Speed: 4 x 1 > 2 x 2 > 1 x 4 on
+    one H200), so of each checkpointing choice only its largest micro-batch is kept; what is left to
+    time is a larger micro-batch with checkpointing against a smaller one without, which no memory
+    rule decides (4 x 1 with it beat 2 x 2 without, README). every=True: each split that fits."""
+    found: list[tuple[int, int, bool]] = []
+    for mb in (m for m in range(rows, 0, -1) if rows % m == 0):
+        choice = next((c for c in checkpointing if fits(mb, c)), None)
+        if choice is None or (not every and any(f[2] == choice for f in found)):
+            continue
+        found.append((mb, rows // mb, choice))
+    return found[:BATCH_SEARCH_TRIES]
 
 
 def resolve(s: Settings, ranks: Ranks, checkpointing: bool, batch: tuple[int, int] | None = None) -> dict[str, Any]:

@@ -61,10 +61,12 @@ class Settings:
     micro_batch: int = _setting(4, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
                                 "conversations with SFT_PACKING=false; the seed's recipe: 1).", min=1)
     grad_accum: int = _setting(1, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
-    batch_search: str = _setting("auto", "Before the probe, time the ways to split SFT_MICRO_BATCH x SFT_GRAD_ACCUM "
-                                 "rows per step (micro-batch x accumulation, checkpointing where auto) that the "
-                                 "planner says fit, in short probes, and keep the fastest: the same rows per step. "
-                                 "auto: on GPUs, unless SFT_MICRO_BATCH or SFT_GRAD_ACCUM is set; true, false.",
+    batch_search: str = _setting("auto", "Before the probe, time in short probes the splits of SFT_MICRO_BATCH x "
+                                 "SFT_GRAD_ACCUM rows per step (micro-batch x accumulation) that fit by the planner "
+                                 "and can be the fastest (with SFT_GRADIENT_CHECKPOINTING=auto: the largest "
+                                 "micro-batch without checkpointing against a larger one with it), and keep the "
+                                 "fastest: the same rows per step. auto: on GPUs, unless SFT_MICRO_BATCH or "
+                                 "SFT_GRAD_ACCUM is set; true: every split that fits (3 at most), CPU too; false.",
                                  choices=SWITCH)
     max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
     packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "

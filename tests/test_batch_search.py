@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from conftest import demo_env, read_summary, run_entrypoint
+from sft.job import batch_candidates
 from sft.settings import from_env
 
 
@@ -18,6 +19,35 @@ def test_auto_searches_only_where_the_user_left_the_split_alone(isolated_env):
     assert from_env({"SFT_MICRO_BATCH": "2"}).batch_search == "false"
     assert from_env({"SFT_GRAD_ACCUM": "4"}).batch_search == "false"
     assert from_env({"SFT_GRAD_ACCUM": "4", "SFT_BATCH_SEARCH": "true"}).batch_search == "true"
+
+
+def fits_under(budget: float):
+    """A planner stand-in: memory grows with the rows per pass, checkpointing keeps a quarter of it."""
+    return lambda mb, checkpointing: mb * (0.25 if checkpointing else 1.0) <= budget
+
+
+AUTO = (False, True)  # SFT_GRADIENT_CHECKPOINTING=auto: off where it fits, else on
+
+
+def test_auto_times_only_the_splits_that_can_be_the_fastest():
+    # everything fits without checkpointing: the largest pass alone, so there is nothing to time
+    assert batch_candidates(4, AUTO, fits_under(4), every=False) == [(4, 1, False)]
+    # 4 rows fit only with checkpointing, 2 without: the two that can win, not 1 x 4
+    assert batch_candidates(4, AUTO, fits_under(2), every=False) == [(4, 1, True), (2, 2, False)]
+    # 8 rows: with checkpointing 8 fit, without 2; 4 x 2 with it, or 1 x 8 without, can only be slower
+    assert batch_candidates(8, AUTO, fits_under(2), every=False) == [(8, 1, True), (2, 4, False)]
+    # with checkpointing 4 fit in one pass at most, without 1
+    assert batch_candidates(8, AUTO, fits_under(1), every=False) == [(4, 2, True), (1, 8, False)]
+    # checkpointing set by the user: one choice, so one split, the largest that fits
+    assert batch_candidates(4, (True,), fits_under(0.5), every=False) == [(2, 2, True)]
+    assert batch_candidates(4, (False,), fits_under(8), every=False) == [(4, 1, False)]
+    assert batch_candidates(4, AUTO, fits_under(0.1), every=False) == []  # nothing fits
+
+
+def test_true_times_every_split_that_fits():
+    assert batch_candidates(4, AUTO, fits_under(4), every=True) == [(4, 1, False), (2, 2, False), (1, 4, False)]
+    assert batch_candidates(4, AUTO, fits_under(2), every=True) == [(4, 1, True), (2, 2, False), (1, 4, False)]
+    assert len(batch_candidates(12, AUTO, fits_under(12), every=True)) == 3  # at most BATCH_SEARCH_TRIES
 
 
 @pytest.mark.slow
