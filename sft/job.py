@@ -23,7 +23,7 @@ from .settings import Settings, liger_available
 from .train import RANK_OOM_EXIT
 
 BATCH_SEARCH_TRIES = 3  # splits timed at most: each loads the model once more
-BATCH_SEARCH_STEPS = 10  # steps per split: steady_rates skips the first 2
+BATCH_SEARCH_STEPS = 12  # steps per split: steady_rates times the last 8 (probe.WARMUP_STEPS)
 
 
 @dataclass(frozen=True)
