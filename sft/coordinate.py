@@ -264,7 +264,8 @@ def identity(s: Settings, ranks: Ranks) -> dict[str, Any]:
 
 def code_version() -> str:
     """sha256 over the job's own files: the image's code, whatever tag it was pulled by."""
-    files = [REPO_ROOT / "entrypoint.py", *(REPO_ROOT / "sft").glob("*.py"), *(REPO_ROOT / "ds_configs").glob("*.json")]
+    files = [REPO_ROOT / "entrypoint.py", *(REPO_ROOT / "sft").rglob("*.py"),
+             *(REPO_ROOT / "ds_configs").glob("*.json")]
     digest = hashlib.sha256()
     for path in sorted(p for p in files if p.is_file()):
         digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
