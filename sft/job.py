@@ -109,7 +109,7 @@ class Job:
         self.uploader = None
 
     def run(self, probe_only: bool) -> int:
-        from .upload import HubError
+        from .hub.errors import HubError
 
         try:
             self.target = self._connect_hub()
@@ -140,17 +140,17 @@ class Job:
 
     def _connect_hub(self):
         """Check the token and the private repo before any GPU work; None when no repo is named."""
-        from . import upload
+        from .hub.preflight import preflight
 
         if self.s.hub_repo is None:
             print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
             return None
-        target = upload.preflight(self.s.hub_repo, os.environ.get("HF_TOKEN"))
+        target = preflight(self.s.hub_repo, os.environ.get("HF_TOKEN"))
         print(f"hub: uploading to {target.url} every {self.s.upload_minutes:g} min", flush=True)
         return target
 
     def _already_done(self) -> bool:
-        from . import hub_resume
+        from .hub import resume as hub_resume
 
         if finished(self.paths):
             print(f"{self.paths.final} is already trained (see {self.paths.summary}); nothing to do.", flush=True)
@@ -162,7 +162,7 @@ class Job:
 
     def _resume_point(self) -> Path | None:
         """The newest complete checkpoint on disk; else, with a repo, the newest verified one on the Hub."""
-        from . import hub_resume
+        from .hub import resume as hub_resume
 
         resume = checkpoints.latest_complete(self.paths.out)
         if resume is None and self.target is not None:
@@ -397,7 +397,7 @@ class Job:
     # -- training -------------------------------------------------------------------------------
 
     def _train(self, resume: Path | None) -> int:
-        from .upload import Uploader
+        from .hub.uploader import Uploader
 
         if self.stopper.requested:
             return self._close(exitcodes.STOPPED, "stopped")

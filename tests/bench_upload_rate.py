@@ -1,4 +1,4 @@
-"""Upload and download rate of sft/upload.py + sft/hub_resume.py against the local Hub server (not a test).
+"""Upload and download rate of sft/hub/ (uploader, resume) against the local Hub server (not a test).
 
     HF_HUB_DISABLE_XET=1 HF_HUB_DISABLE_TELEMETRY=1 HF_HOME=/tmp/bench-hf PYTHONPATH=. \
         python tests/bench_upload_rate.py [GB] [--process]
@@ -21,7 +21,9 @@ from checkpoint_layout import make_checkpoint  # noqa: E402
 from hub_fixtures import start_hub_process  # noqa: E402
 from hubserver import WRITE_TOKEN, HubServer  # noqa: E402
 
-from sft import hub_resume, upload  # noqa: E402
+from sft.hub import resume as hub_resume  # noqa: E402
+from sft.hub.preflight import preflight  # noqa: E402
+from sft.hub.uploader import Uploader  # noqa: E402
 
 SHARDS = ("global_step100/zero_pp_rank_0_mp_rank_00_optim_states.pt",
           "global_step100/zero_pp_rank_1_mp_rank_00_optim_states.pt", "global_step100/mp_rank_00_model_states.pt")
@@ -41,8 +43,8 @@ def main(gb: float, process: bool) -> None:
         ckpt = make_checkpoint(root / "out", 100)
         for rel in SHARDS:
             fill(ckpt / rel, int(gb * 1e9 / len(SHARDS)))
-        target = upload.preflight("alice/bench", WRITE_TOKEN, endpoint=server.url)
-        uploader = upload.Uploader(target, root / "out", interval_s=3600, keep=2, log=lambda line: None)
+        target = preflight("alice/bench", WRITE_TOKEN, endpoint=server.url)
+        uploader = Uploader(target, root / "out", interval_s=3600, keep=2, log=lambda line: None)
         started = time.monotonic()
         assert uploader.flush(3600)
         wall = time.monotonic() - started

@@ -4,7 +4,7 @@
 
 Runs the real job (entrypoint.py, two CPU ranks, the demo model, no Hub of its own) and, from this
 process, as the job's controller does, uploads N checkpoints of GB gigabytes each to the local Hub server
-(its own process) with sft/upload.py's Uploader, each after GAP seconds without one, while the ranks train.
+(its own process) with sft/hub/uploader.py's Uploader, each after GAP seconds without one, while the ranks train.
 Then compares the steps wholly inside the uploads with the steps wholly inside the GAP windows just before
 them (neighbours in time: a machine shared with other work drifts), in tokens per second (the demo's
 conversations differ in length, so seconds per step alone would mislead). --control replaces each upload
@@ -42,7 +42,8 @@ from conftest import REPO, demo_env  # noqa: E402
 from hub_fixtures import start_hub_process  # noqa: E402
 from hubserver import WRITE_TOKEN  # noqa: E402
 
-from sft import upload  # noqa: E402
+from sft.hub.preflight import preflight  # noqa: E402
+from sft.hub.uploader import Uploader  # noqa: E402
 
 
 def fill(path: Path, size: int, seed: bytes) -> None:
@@ -67,14 +68,14 @@ def main() -> None:
     hub = start_hub_process(root / "hub")
     try:
         os.environ["HF_HOME"] = str(root / "hf-home")
-        target = upload.preflight("alice/bench", WRITE_TOKEN, endpoint=hub.url)
+        target = preflight("alice/bench", WRITE_TOKEN, endpoint=hub.url)
         uploaders = []
         for k in range(args.uploads):  # written before training starts, as the Trainer would have
             ckpt = make_checkpoint(root / f"up{k}", 100 * (k + 1))
             for rel in SHARDS:
                 fill(ckpt / rel.replace("global_step100", ckpt.name.replace("checkpoint-", "global_step")),
                      int(args.gb * 1e9 / len(SHARDS)), f"{k}:{rel}".encode())
-            uploaders.append(upload.Uploader(target, root / f"up{k}", interval_s=3600, keep=100, log=lambda _: None))
+            uploaders.append(Uploader(target, root / f"up{k}", interval_s=3600, keep=100, log=lambda _: None))
 
         env = demo_env(root / "job", zero_stage="2", precision="fp32", seed=0, probe_steps=0, save_steps=100000,
                        logging_steps=1, epochs=args.epochs, packing="false")

@@ -1,4 +1,4 @@
-"""sft/hub_resume.py: a fresh disk resumes from the newest whole checkpoint on the (local) Hub."""
+"""sft/hub/resume.py: a fresh disk resumes from the newest whole checkpoint on the (local) Hub."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
 from checkpoint_layout import make_checkpoint, tree
 from hub_fixtures import WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtures)
-from sft import checkpoints, exitcodes, hub_resume
-from sft.upload import MANIFEST, HubError, Uploader, hub_checkpoints, preflight
+from sft import checkpoints, exitcodes
+from sft.hub import resume as hub_resume
+from sft.hub.errors import HubError
+from sft.hub.manifest import MANIFEST, build_manifest, hub_checkpoints, verify
+from sft.hub.preflight import preflight
+from sft.hub.uploader import Uploader
 
 REPO = "alice/sft-run"
 
@@ -87,13 +91,11 @@ def test_file_differing_from_manifest_skipped_for_the_previous(target, on_hub, t
 
 def test_verify_checks_sizes_and_sha256(tmp_path):
     folder = make_checkpoint(tmp_path, 2)
-    from sft.upload import build_manifest
-
     manifest, _ = build_manifest(folder)
-    assert hub_resume.verify(folder, manifest) == []
+    assert verify(folder, manifest) == []
     (folder / "latest").write_bytes(b"global_step3")  # same size, other content
     (folder / "scheduler.pt").unlink()
-    problems = hub_resume.verify(folder, manifest)
+    problems = verify(folder, manifest)
     assert problems == ["scheduler.pt is missing", "latest: sha256 differs from the manifest"]
 
 

@@ -36,7 +36,7 @@ from hub_fixtures import HubProcess, client_env, start_hub_process
 from hubserver import RepoStore
 
 from sft import checkpoints, exitcodes
-from sft.upload import MANIFEST
+from sft.hub.manifest import MANIFEST
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from sft import checkpoints, coordinate, exitcodes
 from sft.launch import Ranks, command
 from sft.nodes import Nodes, NodesError, first_host, from_env
 from sft.settings import Settings
-from sft.upload import hub_checkpoints
+from sft.hub.manifest import hub_checkpoints
 
 # ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 across layouts (FACTS.md).
 JOB = dict(zero_stage="3", packing="false", precision="fp32", seed=0, logging_steps=1, max_steps=24, save_steps=4,

@@ -1,4 +1,5 @@
-"""sft/upload.py against the local Hub server (tests/hubserver.py), through the real huggingface_hub client.
+"""sft/hub/ (preflight, uploader) against the local Hub server (tests/hubserver.py), through the real
+huggingface_hub client.
 
 Checkpoints are folders on disk in the Trainer + DeepSpeed layout (tests/checkpoint_layout.py); the
 interval is a fraction of a second, so every test takes a few seconds and trains nothing.
@@ -17,8 +18,12 @@ from huggingface_hub import CommitOperationAdd
 
 from checkpoint_layout import REAL_LAYOUT, complete_checkpoint, layout, make_checkpoint, tree
 from hub_fixtures import READ_TOKEN, WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtures)
-from sft import checkpoints, exitcodes, upload
-from sft.upload import MANIFEST, HubError, Uploader, preflight
+from sft import checkpoints, exitcodes
+from sft.hub import preflight as hub_preflight
+from sft.hub.errors import HubError
+from sft.hub.manifest import MANIFEST
+from sft.hub.preflight import preflight
+from sft.hub.uploader import Uploader
 
 REPO = "alice/sft-run"
 INTERVAL = 0.8  # seconds between rounds: the job's 30 minutes, shortened
@@ -117,7 +122,7 @@ def test_other_namespace_refused(hub_server):
 
 
 def test_hub_down_at_start_is_its_own_exit_code(hub_server, monkeypatch):
-    monkeypatch.setattr(upload, "PREFLIGHT_TRIES", 2)
+    monkeypatch.setattr(hub_preflight, "PREFLIGHT_TRIES", 2)
     hub_server.add_fault("status", status=503, path="/api/whoami-v2", count=None)
     with pytest.raises(HubError) as e:
         preflight(REPO, WRITE_TOKEN, endpoint=hub_server.url)
@@ -129,9 +134,9 @@ def test_fine_grained_tokens_read_from_whoami():
           "auth": {"accessToken": {"role": "fineGrained", "fineGrained": {"scoped": [
               {"entity": {"type": "user", "name": "alice"}, "permissions": ["repo.content.read", "repo.write"]},
               {"entity": {"type": "org", "name": "lab"}, "permissions": ["repo.content.read"]}]}}}}
-    upload.check_write_access(me, "alice/x")
+    hub_preflight.check_write_access(me, "alice/x")
     with pytest.raises(HubError, match="fine-grained"):
-        upload.check_write_access(me, "lab/x")
+        hub_preflight.check_write_access(me, "lab/x")
 
 
 # -- the uploader --------------------------------------------------------------------------------
@@ -324,9 +329,9 @@ def test_outage_then_catch_up_nothing_lost(hub_server, make_uploader, out):
     hub_server.clear_faults()
     assert u.flush(30)
     assert f"checkpoint-6/{MANIFEST}" in hub_files(hub_server)
-    from sft import hub_resume
+    from sft.hub.resume import download_checkpoint
 
-    got = hub_resume.download_checkpoint(u.api, REPO, 6, out.parent / "fresh")
+    got = download_checkpoint(u.target.api, REPO, 6, out.parent / "fresh")
     assert tree(got) == {**tree(out / "checkpoint-6"), MANIFEST: hub_server.store.read_file(
         REPO, f"checkpoint-6/{MANIFEST}")}
     status = u.uploaded()

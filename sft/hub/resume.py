@@ -1,6 +1,6 @@
 """Resume from the Hub on a fresh disk: the newest checkpoint whose manifest is up, downloaded and verified.
 
-A checkpoint on the Hub counts only with its manifest (sft/upload.py commits it after the files). A
+A checkpoint on the Hub counts only with its manifest (the uploader commits it after the files). A
 download is checked against it, file by file (size, then sha256), in OUTPUT/run/hub-download/, and
 only a whole one is moved to OUTPUT/checkpoint-N: a torn checkpoint never appears in the output folder.
 """
@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from . import exitcodes
-from .upload import (FINAL, HASH_THREADS, MANIFEST, HubError, hash_file, hub_checkpoints, redact, short_error,
-                     size_text)
+from .. import exitcodes
+from .errors import HubError, redact, short_error
+from .manifest import FINAL, MANIFEST, hub_checkpoints, size_text, verify
 
 DOWNLOAD_DIR = "hub-download"  # under OUTPUT/run/
 
@@ -28,24 +27,6 @@ class TornCheckpoint(Exception):
 def final_on_hub(api, repo_id: str) -> bool:
     """The final model is on the Hub (its manifest is, which goes up after its files)."""
     return f"{FINAL}/{MANIFEST}" in set(api.list_repo_files(repo_id))
-
-
-def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
-    """What in `folder` differs from the manifest: missing files, sizes, sha256s ([] when whole)."""
-    problems, to_hash = [], []
-    for rel, entry in manifest.get("files", {}).items():
-        path = folder / rel
-        if not path.is_file():
-            problems.append(f"{rel} is missing")
-        elif path.stat().st_size != entry["size"]:
-            problems.append(f"{rel} has {path.stat().st_size} bytes, the manifest says {entry['size']}")
-        else:
-            to_hash.append((rel, path, entry["sha256"]))
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = list(pool.map(lambda item: hash_file(item[1])[0], to_hash))
-    problems += [f"{rel}: sha256 differs from the manifest" for (rel, _, want), got in zip(to_hash, digests)
-                 if got != want]
-    return problems
 
 
 def _read_manifest(api, repo_id: str, prefix: str, work: Path) -> dict[str, Any]:
