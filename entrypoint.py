@@ -32,6 +32,13 @@ def _variables_help() -> str:
     return "\n".join(lines)
 
 
+def deepspeed_logs_to_stderr() -> None:
+    """DeepSpeed's logger writes to the stdout it finds at import: keep it off what `config` and `plan`
+    print for programs, by importing it while stdout points at stderr."""
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed  # noqa: F401
+
+
 def load_settings() -> Settings:
     """Settings from the environment, or exit 2 listing every problem (before anything is written)."""
     try:
@@ -55,7 +62,7 @@ def cli(ctx: click.Context) -> None:
 @cli.command()
 def run() -> None:
     """Validate, probe, train the full epoch(s), write final/ and the summary."""
-    from sft import job
+    from sft.controller import job
 
     sys.exit(job.run(load_settings()))
 
@@ -63,30 +70,54 @@ def run() -> None:
 @cli.command()
 def probe() -> None:
     """Only the timing probe: speed, peak memory per rank, projected duration and cost."""
-    from sft import job
+    from sft.controller import job
 
     sys.exit(job.run(load_settings(), probe_only=True))
 
 
 @cli.command()
 def config() -> None:
-    """Print the resolved settings and the DeepSpeed JSON the Trainer will use, "auto" values filled."""
+    """Print the resolved settings, every decision and the DeepSpeed JSON the Trainer will use, "auto" filled."""
     from transformers import AutoConfig
 
-    from sft import dsconfig
-    from sft.job import resolve
-    from sft.launch import detect_ranks
-    from sft.train import trainer_arguments
+    from sft.controller import machine
+    from sft.controller.output import Paths
+    from sft.controller.runs import make_spec
+    from sft.ranks.trainer import filled_ds_config, trainer_arguments
 
     s = load_settings()
-    ranks = detect_ranks(s)
-    # auto checkpointing is decided by the planner at run time; shown here as on, the safe side
-    args = trainer_arguments(resolve(s, ranks, s.gradient_checkpointing != "false"), "train", s.output_dir, None,
-                             s.max_steps, ranks.on_gpu, in_rank=False)
+    deepspeed_logs_to_stderr()
+    d = decided_or_exit(inputs_or_exit(s, machine.measure(s.output_dir).machine))
+    spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
+    args = trainer_arguments(spec, d.ranks.on_gpu, in_rank=False)
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
-    filled = dsconfig.filled(dsconfig.load(s.zero_stage, s.ds_config), args, ranks.count,
-                             AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
-    click.echo(json.dumps({"settings": s.to_dict(), "ranks": ranks.count, "deepspeed": filled}, indent=2))
+    filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world, AutoConfig.from_pretrained(s.model),
+                              max(s.max_steps, 1))
+    click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
+                           "ranks": d.ranks.world, "deepspeed": filled}, indent=2))
+
+
+def inputs_or_exit(s: Settings, found):
+    """The decision's inputs, or exit with the one-line reason they cannot be read."""
+    from sft.controller import inputs
+    from sft.planner.inputs import CannotRun
+
+    try:
+        return inputs.read(s, found)
+    except CannotRun as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def decided_or_exit(given):
+    from sft.planner.decide import decide
+    from sft.planner.inputs import CannotRun
+
+    try:
+        return decide(given)
+    except CannotRun as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
 
 
 @cli.command()
@@ -105,40 +136,63 @@ def config() -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs (GiB: bytes / 2**30, two decimals).")
 def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gradient_checkpointing, host_memory,
          liger, as_json):
-    """Predict memory per GPU for every ZeRO option and pick the lowest that fits (reads config.json only)."""
-    from sft import dsconfig, plan as planner
-    from sft.job import _host_memory_gib, liger_on
-    from sft.launch import detect_ranks
-    from sft.plan import GIB
+    """Predict memory per GPU for every ZeRO option and decide as the job would (reads config.json only)."""
+    from dataclasses import replace
+
+    from sft.controller import machine
+    from sft.planner.decide import decide
+    from sft.planner.inputs import GPU, CannotRun
+    from sft.planner.plan import format_table
+    from sft.units import GIB
 
     s = load_settings()
-    if liger is None:
-        liger = liger_on(s, detect_ranks(s))
-    if gpus is None or gpu_memory is None:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
-        gpus = gpus or torch.cuda.device_count()
-        gpu_memory = gpu_memory or torch.cuda.get_device_properties(0).total_memory / GIB
-    # DeepSpeed's logger writes to the stdout it finds at import: keep it off the table and the JSON.
-    with contextlib.redirect_stdout(sys.stderr):
-        p = planner.plan(model or s.model, gpus, gpu_memory, nodes, micro_batch or s.micro_batch,
-                         max_length or s.max_length,
-                         s.gradient_checkpointing != "false" if gradient_checkpointing is None
-                         else gradient_checkpointing,
-                         host_memory or _host_memory_gib(), {o: dsconfig.load(o) for o in dsconfig.FILES},
-                         grad_accum or s.grad_accum, liger)
-    click.echo(p.to_json() if as_json else planner.format_table(p))
+    deepspeed_logs_to_stderr()
+    found = machine.measure(s.output_dir).machine
+    if not found.gpus and (gpus is None or gpu_memory is None):
+        raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
+    if gpus or gpu_memory:
+        count, memory = gpus or len(found.gpus), gpu_memory or found.gpus[0].memory_bytes / GIB
+        found = replace(found, gpus=(GPU("GPU", int(memory * GIB)),) * count)
+    found = replace(found, nodes=nodes, **({"host_memory_bytes": int(host_memory * GIB)} if host_memory else {}))
+    switch = {True: "true", False: "false", None: None}
+    asked = {"model": model, "micro_batch": micro_batch, "grad_accum": grad_accum, "max_length": max_length,
+             "gradient_checkpointing": switch[gradient_checkpointing], "liger_kernels": switch[liger],
+             "batch_search": "false"}
+    s = replace(s, **{k: v for k, v in asked.items() if v is not None})
+    given = inputs_or_exit(s, found)
+    try:
+        d = decide(given)
+        p, explained = d.plan, d.explain()
+    except CannotRun as e:
+        if e.plan is None:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+        p, explained, d = e.plan, f"  stage: {e}", None
+    if as_json:
+        click.echo(json.dumps({**p.to_dict(), "decision": d.resolved() if d else None}, indent=2))
+    else:
+        click.echo(format_table(p) + "\n\ndecided:\n" + explained)
 
 
 @cli.command()
 def doctor() -> None:
     """Check this machine for the job: GPUs, nvcc and CPU Adam, memlock, /dev/shm, disk, host RAM, links."""
-    from sft import preflight
+    from sft.controller import inputs, machine, preflight
+    from sft.planner.decide import decide
+    from sft.planner.inputs import CannotRun
 
     s = load_settings()
-    checks = preflight.run_preflight(s.output_dir, zero_stage=s.zero_stage, save_total_limit=s.save_total_limit)
+    facts = machine.measure(s.output_dir)
+    try:
+        given = inputs.read(s, facts.machine)
+        d = decide(given)
+        needs = preflight.Needs.of(d, given.shape.total_params, s.save_total_limit)
+        facts = machine.measure_links(facts, d.ranks)
+        click.echo(f"for {s.model} with {d.stage.label} on {d.ranks.world} rank(s):")
+    except CannotRun as e:
+        click.echo(f"the run's needs are unknown ({e}); checking the machine alone:")
+        needs = preflight.Needs()
+    checks = preflight.run(facts, needs)
     click.echo(preflight.format_checks(checks))
     sys.exit(exitcodes.PREFLIGHT if preflight.failed(checks) else exitcodes.DONE)
 
@@ -148,9 +202,13 @@ def doctor() -> None:
 @click.argument("out", type=click.Path(file_okay=False))
 def export(checkpoint: str, out: str) -> None:
     """Full fp32 weights from CHECKPOINT (a checkpoint-N folder) into OUT, via DeepSpeed's zero_to_fp32."""
-    from sft import export as exporter
+    from sft.controller import export as exporter
 
-    exporter.export(checkpoint, out)
+    try:
+        exporter.export(checkpoint, out)
+    except exporter.NotACheckpoint as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(exitcodes.BAD_SETTINGS)
     click.echo(f"wrote fp32 weights to {out}")
 
 

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from bench import run_probe  # noqa: E402  (after the path: the script runs from anywhere)
-from sft.plan import CUDA_CONTEXT_GIB  # noqa: E402
+from sft.planner.memory import CUDA_CONTEXT_GIB  # noqa: E402
 
 OVER, UNDER = 0.10, 0.05  # the target: at most 10% over, 5% under
 

@@ -6,7 +6,7 @@ the tokenizer is the demo's small BPE (its ids fill the low end of Qwen3's 151,9
 so the embedding and the logits cost what they cost in the real model).
 
 Conversation lengths: multi-turn, log-normal total length with a median of about 900 tokens and a
-long tail cut at 8k, like trl-lib/Capybara's multi-turn conversations (FACTS.md's benchmark data).
+long tail cut at 8k, like trl-lib/Capybara's multi-turn conversations (the benchmark data of docs/facts.md).
 
     python scripts/make_synthetic.py --shape qwen3-4b --out /tmp/synth [--conversations 2000]
 """

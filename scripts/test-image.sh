@@ -374,7 +374,7 @@ phase "hub" "$t"
 section "nodes: two containers as two nodes over 127.0.0.1 (--network host), one folder shared"
 t=$(date +%s)
 # Each node one CPU rank, ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 with one
-# container of two ranks (FACTS.md). The mounted folder is the shared SFT_OUTPUT_DIR between real nodes.
+# container of two ranks (docs/facts.md). The mounted folder is the shared SFT_OUTPUT_DIR between real nodes.
 hub_repo=alice/two-nodes
 node_steps=64  # about 6 s of training: several upload rounds of node 0 come during it
 node_job=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -e SFT_ZERO_STAGE=3

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from .handoff import CheckpointRecord
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
@@ -22,16 +23,9 @@ def all_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-# Written by rank 0 into checkpoint-N before the Trainer saves there: how the checkpoint was made.
-RECORD = "sft_job.json"
-
-
-def recorded(checkpoint: Path) -> dict:
-    """{"stage": ..., "world_size": ...} as the job that wrote the checkpoint recorded it ({} if absent)."""
-    try:
-        return json.loads((checkpoint / RECORD).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+def recorded(checkpoint: Path) -> CheckpointRecord | None:
+    """How the job that wrote the checkpoint made it (rank 0 writes it before the Trainer saves)."""
+    return CheckpointRecord.load(checkpoint / CheckpointRecord.FILE)
 
 
 def shard_ranks(checkpoint: Path) -> list[int]:
@@ -59,7 +53,8 @@ def problem(checkpoint: Path) -> str | None:
     if ranks != list(range(len(ranks))):
         return f"shards of ranks {ranks}: some rank's shard is missing"
     # on several nodes the last ranks' shards come from another machine: count them against the record
-    world = recorded(checkpoint).get("world_size", len(ranks))
+    record = recorded(checkpoint)
+    world = record.world_size if record else len(ranks)
     if len(ranks) != world:
         return f"shards of {len(ranks)} of the {world} ranks that wrote it"
     return None

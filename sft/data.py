@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset, load_dataset
-
-from .settings import DATA_SUFFIXES, looks_local
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 # datasets' loader name for each local file format.
 LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+DATA_SUFFIXES = tuple(LOADERS)
+
+
+def looks_local(value: str) -> bool:
+    """A path the user meant as local: it exists, or is written like a path (/x, ./x, ~/x)."""
+    return os.path.exists(os.path.expanduser(value)) or value.startswith(("/", ".", "~"))
 
 
 class DataError(Exception):
@@ -28,6 +35,8 @@ def load_conversations(name: str, split: str) -> Dataset:
 
 
 def _load(name: str, split: str) -> Dataset:
+    from datasets import load_dataset
+
     if not looks_local(name):
         return load_dataset(name, split=split)
     path = Path(name).expanduser()

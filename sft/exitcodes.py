@@ -12,3 +12,6 @@ HUB_AUTH = 8            # the Hub refused the token (missing, unknown, or no wri
 HUB_PUBLIC_REPO = 9     # SFT_HUB_REPO exists and is public: nothing is uploaded there (make it private or pick another)
 HUB_UNREACHABLE = 10    # the Hub did not answer at start (network, outage): starting again later may work
 STOPPED = 143           # stopped by SIGTERM/SIGINT after saving what it could (128 + SIGTERM)
+
+# A rank's own exit codes (sft/ranks/train.py), read by the controller; the launcher passes the worst on.
+RANK_OOM = 42           # the rank ran out of GPU memory (the probe then escalates)

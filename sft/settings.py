@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
@@ -16,16 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import nodes
+from . import nodes, stages
+from .data import DATA_SUFFIXES, looks_local
 
 PREFIX = "SFT_"
-STAGES = ("auto", "1", "2", "3", "3-offload", "3-offload-all")
+STAGES = ("auto", *stages.NAMES)
 LAUNCHERS = ("torchrun", "deepspeed")
 ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager")
 SWITCH = ("auto", "true", "false")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
@@ -110,6 +111,11 @@ class Settings:
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir)
+
+    @functools.cached_property
+    def user_ds_config(self) -> dict[str, Any] | None:
+        """SFT_DS_CONFIG's contents, read once (check() reports a file that cannot be read)."""
+        return None if self.ds_config is None else json.loads(Path(self.ds_config).read_text())
 
 
 class SettingsError(Exception):
@@ -228,7 +234,7 @@ def check(s: Settings) -> list[str]:
     problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
     problems += _check_source("SFT_DATASET", s.dataset, expect_dir=False)
     if s.ds_config is not None:
-        problems += _check_ds_config(s.ds_config)
+        problems += _check_ds_config(s)
     if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
         problems.append(_bad("SFT_GPUS", s.gpus, "expected all, or GPU indices such as 0,1,2,3"))
     elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
@@ -242,27 +248,6 @@ def check(s: Settings) -> list[str]:
                              "(the image has them): install them, or use auto or false"))
     problems += _check_output_dir(s.output_dir)
     return problems
-
-
-# SFTConfig arguments the job sets from its own settings (or must set itself): SFT_TRAINER_ARGS may not.
-OWNED_ARGS = {
-    "per_device_train_batch_size": "SFT_MICRO_BATCH", "gradient_accumulation_steps": "SFT_GRAD_ACCUM",
-    "max_length": "SFT_MAX_LENGTH", "packing": "SFT_PACKING", "num_train_epochs": "SFT_EPOCHS",
-    "max_steps": "SFT_MAX_STEPS", "learning_rate": "SFT_LEARNING_RATE", "bf16": "SFT_PRECISION",
-    "fp16": "SFT_PRECISION", "activation_checkpointing": "SFT_GRADIENT_CHECKPOINTING",
-    "gradient_checkpointing": "SFT_GRADIENT_CHECKPOINTING", "logging_steps": "SFT_LOGGING_STEPS",
-    "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT", "seed": "SFT_SEED",
-    "data_seed": "SFT_SEED", "output_dir": "SFT_OUTPUT_DIR", "deepspeed": "SFT_DS_CONFIG or SFT_ZERO_STAGE",
-    "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
-    "save_strategy": "SFT_SAVE_STEPS", "accelerator_config": "the job (the ranks' process group)",
-    "use_liger_kernel": "SFT_LIGER_KERNELS",
-    # the job uploads, and the token stays out of every file (training_args.bin pickles these arguments)
-    "hub_token": "HF_TOKEN in the environment", "push_to_hub": "SFT_HUB_REPO", "hub_model_id": "SFT_HUB_REPO",
-    "hub_strategy": "SFT_UPLOAD_MINUTES", "hub_private_repo": "SFT_HUB_REPO (always private)",
-    # a resume needs the whole DeepSpeed state, and the job decides where it resumes from
-    "save_only_model": "the job (a resume needs the optimizer state)",
-    "resume_from_checkpoint": "the job (it resumes by itself)",
-}
 
 
 def liger_available() -> bool:
@@ -284,6 +269,8 @@ def _check_trainer_args(value: str) -> list[str]:
         shown = json.dumps({**args, "hub_token": "***"})
     from trl import SFTConfig  # only when the setting is used: TRL takes seconds to import
 
+    from .ranks.trainer import OWNED_ARGS
+
     known = {f.name for f in dataclasses.fields(SFTConfig)}
     problems = []
     for name in args:
@@ -294,11 +281,6 @@ def _check_trainer_args(value: str) -> list[str]:
             hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
             problems.append(_bad("SFT_TRAINER_ARGS", shown, f"{name}: unknown argument ({hint})"))
     return problems
-
-
-def looks_local(value: str) -> bool:
-    """A path the user meant as local: it exists, or is written like a path (/x, ./x, ~/x)."""
-    return os.path.exists(os.path.expanduser(value)) or value.startswith(("/", ".", "~"))
 
 
 def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
@@ -316,15 +298,15 @@ def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
     return []
 
 
-def _check_ds_config(value: str) -> list[str]:
+def _check_ds_config(s: Settings) -> list[str]:
     try:
-        config = json.loads(Path(value).read_text())
+        config = s.user_ds_config
     except FileNotFoundError:
-        return [_bad("SFT_DS_CONFIG", value, "no such file")]
+        return [_bad("SFT_DS_CONFIG", s.ds_config, "no such file")]
     except (OSError, json.JSONDecodeError) as e:
-        return [_bad("SFT_DS_CONFIG", value, f"not a readable JSON file ({e})")]
+        return [_bad("SFT_DS_CONFIG", s.ds_config, f"not a readable JSON file ({e})")]
     if not isinstance(config, dict) or "zero_optimization" not in config:
-        return [_bad("SFT_DS_CONFIG", value, "expected a DeepSpeed config with a zero_optimization section")]
+        return [_bad("SFT_DS_CONFIG", s.ds_config, "expected a DeepSpeed config with a zero_optimization section")]
     return []
 
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from conftest import demo_env, read_summary, run_entrypoint
-from sft.job import batch_candidates
+from sft.planner.rules import batch_candidates as candidates
 from sft.settings import from_env
 
 
@@ -27,6 +27,10 @@ def fits_under(budget: float):
 
 
 AUTO = (False, True)  # SFT_GRADIENT_CHECKPOINTING=auto: off where it fits, else on
+
+
+def batch_candidates(*args, **kwargs) -> list[tuple[int, int, bool]]:
+    return [(s.micro_batch, s.grad_accum, s.gradient_checkpointing) for s in candidates(*args, **kwargs)]
 
 
 def test_auto_times_only_the_splits_that_can_be_the_fastest():
@@ -76,7 +80,8 @@ def test_the_fastest_split_that_fits_is_kept_and_a_resume_keeps_it(tmp_path):
     again = run_entrypoint(env)
     assert again.returncode == 0, again.stdout[-3000:]
     assert "batch search:" not in again.stdout
-    assert f"batch: {best['micro_batch']} x {best['grad_accum']}, as the batch search chose it for checkpoint-4" \
-        in again.stdout
+    split = f"{best['micro_batch']} x {best['grad_accum']}, checkpointing " + (
+        "on" if best["gradient_checkpointing"] else "off")
+    assert f"split: {split}, as the batch search chose it for the checkpoint resumed" in again.stdout
     resumed = read_summary(tmp_path / "out")["resolved"]
     assert (resumed["micro_batch"], resumed["grad_accum"]) == (best["micro_batch"], best["grad_accum"])

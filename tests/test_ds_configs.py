@@ -1,4 +1,5 @@
-"""Every shipped DeepSpeed config loads, matches the seed's, and DeepSpeed's own schema accepts it."""
+"""The table of ZeRO options: every shipped DeepSpeed config loads, matches the seed's, and DeepSpeed's own
+schema accepts it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from sft import dsconfig
+from sft import stages
 
 # The seed guide's configs, verbatim (ds_zero2.json, ds_zero3.json, ds_zero3_offload.json).
 SEED_TAIL = {"gradient_clipping": "auto", "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
@@ -38,31 +39,31 @@ def _seed(stage: str) -> dict:
     return {"2": SEED_ZERO2, "3": SEED_ZERO3, "3-offload": SEED_OFFLOAD}[stage]
 
 
-@pytest.mark.parametrize("stage", sorted(dsconfig.FILES))
+@pytest.mark.parametrize("stage", stages.NAMES)
 def test_shipped_config_is_the_seeds(stage):
-    assert dsconfig.load(stage) == _seed(stage)
-    assert dsconfig.stage_of(dsconfig.load(stage)) == stage
+    assert stages.shipped_config(stage) == _seed(stage)
+    assert stages.of_config(stages.shipped_config(stage)) == stages.get(stage)
 
 
-@pytest.mark.parametrize("stage", sorted(dsconfig.FILES))
+@pytest.mark.parametrize("stage", stages.NAMES)
 def test_deepspeed_schema_accepts_it(stage):
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    zero = {k: v for k, v in dsconfig.load(stage)["zero_optimization"].items() if v != "auto"}
+    zero = {k: v for k, v in stages.shipped_config(stage)["zero_optimization"].items() if v != "auto"}
     parsed = DeepSpeedZeroConfig(**zero)
     assert int(parsed.stage) == int(stage[0])
 
 
 def test_every_file_in_ds_configs_is_shipped_and_named_for_its_stage():
-    on_disk = {p.name for p in dsconfig.CONFIG_DIR.glob("*.json")}
-    assert on_disk == set(dsconfig.FILES.values())
-    for path in dsconfig.CONFIG_DIR.glob("*.json"):
+    on_disk = {p.name for p in stages.CONFIG_DIR.glob("*.json")}
+    assert on_disk == {s.config_file for s in stages.TABLE}
+    for path in stages.CONFIG_DIR.glob("*.json"):
         json.loads(path.read_text())
 
 
 def test_pin_memory_off_keeps_everything_else():
-    config = dsconfig.load("3-offload-all")
-    unpinned = dsconfig.without_pinned_memory(config)
+    config = stages.shipped_config("3-offload-all")
+    unpinned = stages.without_pinned_memory(config)
     assert unpinned["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
     assert unpinned["zero_optimization"]["offload_param"]["pin_memory"] is False
     unpinned["zero_optimization"]["offload_optimizer"]["pin_memory"] = True
@@ -71,4 +72,12 @@ def test_pin_memory_off_keeps_everything_else():
 
 
 def test_escalation_order_uses_less_gpu_memory_each_time():
-    assert [dsconfig.next_stage(s) for s in dsconfig.ESCALATION] == ["2", "3", "3-offload", "3-offload-all", None]
+    assert [stages.next_after(s) for s in stages.NAMES] == ["2", "3", "3-offload", "3-offload-all", None]
+
+
+def test_a_users_config_is_named_by_what_it_offloads():
+    zero2_offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    stage = stages.of_config(zero2_offload)
+    assert (stage.name, stage.zero, stage.offload, stage.config_file) == ("2-offload", 2, True, "")
+    none = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}}}
+    assert stages.of_config(none) == stages.get("3")

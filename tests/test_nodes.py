@@ -20,13 +20,16 @@ from conftest import (REPO, demo_env, process_tree, read_summary, run_entrypoint
                       step_losses)
 from hub_fixtures import WRITE_TOKEN, client_env, hub_process  # noqa: F401  (hub_process: a fixture)
 from hubserver import HubError, RepoStore
-from sft import checkpoints, coordinate, exitcodes
-from sft.launch import Ranks, command
+from sft import checkpoints, exitcodes
+from sft.controller import coordinate
+from sft.controller.launch import command
+from sft.planner.inputs import Ranks
 from sft.nodes import Nodes, NodesError, first_host, from_env
+from sft.handoff import CheckpointRecord
 from sft.settings import Settings
 from sft.hub.manifest import hub_checkpoints
 
-# ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 across layouts (FACTS.md).
+# ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 across layouts (docs/facts.md).
 JOB = dict(zero_stage="3", packing="false", precision="fp32", seed=0, logging_steps=1, max_steps=24, save_steps=4,
            learning_rate=2e-3, probe_steps=0, node_timeout_seconds=30)
 TIMEOUT = JOB["node_timeout_seconds"]
@@ -121,9 +124,9 @@ def test_a_checkpoint_without_every_nodes_shards_is_incomplete(tmp_path):
     from checkpoint_layout import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path, 4, ranks=2)
-    (ckpt / checkpoints.RECORD).write_text('{"stage": "3", "world_size": 4}')
+    (ckpt / CheckpointRecord.FILE).write_text('{"stage": "3", "world_size": 4}')
     assert checkpoints.problem(ckpt) == "shards of 2 of the 4 ranks that wrote it"
-    (ckpt / checkpoints.RECORD).write_text('{"stage": "3", "world_size": 2}')
+    (ckpt / CheckpointRecord.FILE).write_text('{"stage": "3", "world_size": 2}')
     assert checkpoints.problem(ckpt) is None
 
 

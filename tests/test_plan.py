@@ -8,7 +8,9 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 from transformers import Qwen3Config
 
-from sft import plan as P
+from sft import stages
+from sft.planner import memory, plan as P
+from sft.planner.shape import ModelShape, model_shape
 
 GIB = 2**30
 # Qwen3's published shapes (config.json on the Hub), written out so no download is needed.
@@ -16,9 +18,9 @@ QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers"
             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False}
 QWEN3_4B = {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True}
-Q8 = P.ModelShape("Qwen3-8B", 8_190_735_360, 622_329_856, 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True)
-Q4 = P.ModelShape("Qwen3-4B", 4_022_468_096, 388_956_160, 2560, 9728, 36, 32, 8, 128, 151936, qk_norm=True)
-TINY = P.ModelShape("tiny", 120_000, 32_000, 64, 128, 2, 4, 2, 16, 500)
+Q8 = ModelShape("Qwen3-8B", 8_190_735_360, 622_329_856, 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True)
+Q4 = ModelShape("Qwen3-4B", 4_022_468_096, 388_956_160, 2560, 9728, 36, 32, 8, 128, 151936, qk_norm=True)
+TINY = ModelShape("tiny", 120_000, 32_000, 64, 128, 2, 4, 2, 16, 500)
 # What each card reports to torch (total_memory / 2**30): A100 80GB about 79.25 GiB (nvidia-smi
 # says 81,920 MiB), L40S about 44.4 GiB with ECC on (nvidia-smi: 46,068 MiB); the CUDA context is a
 # separate term of the plan, so the smaller, torch figure is the one to compare with.
@@ -61,10 +63,10 @@ def test_model_states_are_deepspeeds(shape, gpus, nodes):
 
 
 def test_model_shape_from_config_json(tmp_path):
-    q8 = P.model_shape(_config_dir(tmp_path, "q8", QWEN3_8B))
+    q8 = model_shape(_config_dir(tmp_path, "q8", QWEN3_8B))
     assert (q8.total_params, q8.largest_layer_params) == (Q8.total_params, Q8.largest_layer_params)
     assert q8.qk_norm and (q8.hidden_size, q8.num_kv_heads, q8.head_dim, q8.vocab_size) == (4096, 8, 128, 151936)
-    q4 = P.model_shape(_config_dir(tmp_path, "q4", QWEN3_4B))
+    q4 = model_shape(_config_dir(tmp_path, "q4", QWEN3_4B))
     # tied embeddings count once, as DeepSpeed's estimator wants
     assert (q4.total_params, q4.largest_layer_params) == (Q4.total_params, Q4.largest_layer_params)
 
@@ -137,31 +139,32 @@ def test_json_shape():
 
 def test_activation_terms():
     # per token and layer, Qwen3-8B: norms 6h, q/k norms 3(q+kv), q, k and v at every head, output x2, 4i
-    assert P.layer_activation_elements(Q8) == 6 * 4096 + 3 * 5120 + 4096 + 2 * 4096 + 2 * 4096 + 4 * 12288
-    layer = P.layer_activation_elements(Q8) * 2048 * 2
-    assert P.activation_bytes(Q8, 1, 2048, gradient_checkpointing=False) == 36 * layer
-    assert P.activation_bytes(Q8, 1, 2048, gradient_checkpointing=True) == 36 * 2048 * 4096 * 2 + layer
-    assert P.activation_bytes(Q8, 4, 2048, True) == 4 * P.activation_bytes(Q8, 1, 2048, True)
+    assert memory.layer_activation_elements(Q8) == 6 * 4096 + 3 * 5120 + 4096 + 2 * 4096 + 2 * 4096 + 4 * 12288
+    layer = memory.layer_activation_elements(Q8) * 2048 * 2
+    assert memory.activation_bytes(Q8, 1, 2048, gradient_checkpointing=False) == 36 * layer
+    assert memory.activation_bytes(Q8, 1, 2048, gradient_checkpointing=True) == 36 * 2048 * 4096 * 2 + layer
+    assert memory.activation_bytes(Q8, 4, 2048, True) == 4 * memory.activation_bytes(Q8, 1, 2048, True)
 
 
 def test_logits_terms():
     tokens = 2048
     # the full logits (the brief's formula): bf16 logits about 0.58 GiB per 2,048-token sequence, + fp32
-    assert P.logits_bytes(Q8, 1, tokens, fused=False) == 151936 * tokens * (2 + 4 + 4)
+    assert memory.logits_bytes(Q8, 1, tokens, fused=False) == 151936 * tokens * (2 + 4 + 4)
     assert round(151936 * tokens * 2 / GIB, 2) == 0.58
     # TRL's fused head: one bf16 tile, the LM head's fp32 gradient and its bf16 copy, the hidden gradient
     fused = 2048 * 32768 * 2 + 151936 * 4096 * 6 + tokens * 4096 * 6
-    assert P.logits_bytes(Q8, 1, tokens) == fused
+    assert memory.logits_bytes(Q8, 1, tokens) == fused
 
 
 def test_bucket_terms_follow_the_config():
     # the Transformers docs: 2e8 buckets with overlap_comm "would require 3.6GB"
-    assert P.bucket_bytes("2", 4096, P.SEED_ZERO["2"]) == 3_600_000_000
-    assert P.bucket_bytes("2", 4096, {"overlap_comm": False, "reduce_bucket_size": 2e8,
+    assert memory.bucket_bytes(stages.get("2"), 4096, stages.shipped_config("2")["zero_optimization"]) == 3_600_000_000
+    assert memory.bucket_bytes(stages.get("2"), 4096, {"overlap_comm": False, "reduce_bucket_size": 2e8,
                                       "allgather_bucket_size": 2e8}) == 800_000_000
     h2 = 4096 * 4096  # Transformers' "auto": reduce h^2, prefetch 0.9 h^2
-    assert P.bucket_bytes("3", 4096, P.SEED_ZERO["3"]) == (h2 + int(0.9 * h2)) * 2 * 2
-    assert P.bucket_bytes("3", 4096, {}) == (int(5e8) + int(5e7)) * 2 * 2  # DeepSpeed's defaults
+    zero3 = stages.shipped_config("3")["zero_optimization"]
+    assert memory.bucket_bytes(stages.get("3"), 4096, zero3) == (h2 + int(0.9 * h2)) * 2 * 2
+    assert memory.bucket_bytes(stages.get("3"), 4096, {}) == (int(5e8) + int(5e7)) * 2 * 2  # DeepSpeed's defaults
 
 
 def test_shipped_configs_give_the_seed_buckets():
@@ -191,11 +194,11 @@ MEASURED = [
     (Q8, 2, "2", 1, 4, 2048, True, 107.16),  # the seed's recipe with ZeRO-2: unpacked, SDPA
     (Q8, 2, "3", 1, 4, 2048, True, 72.90),  # the seed's recipe: unpacked, SDPA
     (Q8, 2, "3", 2, 1, 2048, True, 72.89),
-    # ../shared/FACTS.md, one H200, earlier versions (transformers 5.17), SDPA: runs C, D, F and G
+    # docs/facts.md, one H200, earlier versions (transformers 5.17), SDPA: runs C, D, F and G
     (Q4, 1, "2", 1, 4, 2048, True, 97.4), (Q4, 1, "2", 1, 4, 2048, False, 98.2),
     (Q4, 1, "2", 2, 2, 2048, False, 112.1), (Q4, 1, "3-offload", 1, 4, 2048, True, 13.1),
 ]
-# The same machine and day, with Liger's kernels (SFT_LIGER_KERNELS=true): the lever runs of the README
+# The same machine and day, with Liger's kernels (SFT_LIGER_KERNELS=true): the lever runs of docs/speed.md
 MEASURED_LIGER = [(Q4, 1, "2", 2, 2, 2048, False, 100.18), (Q4, 1, "2", 4, 1, 2048, True, 89.9)]
 
 
@@ -206,7 +209,7 @@ def test_predictions_are_within_the_target_of_the_measured_peaks(shape, gpus, op
     # issue 4's target: at most 10% over (memory left unused), never more than 5% under (a crash)
     row = P.plan_from_shape(shape, gpus, 139.8, micro_batch=mb, max_length=length, gradient_checkpointing=ckpt,
                             grad_accum=accum, liger_kernels=liger).row(option)
-    predicted = row.peak / GIB - P.CUDA_CONTEXT_GIB
+    predicted = row.peak / GIB - memory.CUDA_CONTEXT_GIB
     assert -0.05 <= predicted / measured - 1 <= 0.10, (predicted, measured)
 
 
@@ -225,7 +228,7 @@ def test_the_peak_is_the_larger_phase():
 def test_liger_keeps_less_for_the_norms_and_swiglu():
     # RMSNorm: the bf16 input instead of the fp32 upcast and the output (3 -> 1 per element, q/k norms too);
     # SwiGLU: gate and up and the product, silu recomputed (4 -> 3)
-    saved = P.layer_activation_elements(Q4) - P.layer_activation_elements(Q4, liger=True)
+    saved = memory.layer_activation_elements(Q4) - memory.layer_activation_elements(Q4, liger=True)
     assert saved == 2 * 2 * 2560 + 2 * (4096 + 1024) + 9728 == 30_208
     plain, liger = (P.plan_from_shape(Q4, 1, 139.8, gradient_checkpointing=False, liger_kernels=on).row("2")
                     for on in (False, True))
@@ -258,7 +261,7 @@ def test_format_table():
 
 
 def test_activation_formula_against_the_h200_measurement(monkeypatch):
-    # elements saved per token and layer, Qwen3-4B shape, measured on one H200 (see plan.py)
-    assert abs(P.layer_activation_elements(Q4) - 93_332) / 93_332 < 0.05  # a padding mask: k, v repeated
-    monkeypatch.setattr(P, "SDPA_REPEATS_KV", False)  # the tunable constant, not the code under test
-    assert abs(P.layer_activation_elements(Q4) - 83_092) / 83_092 < 0.05  # no mask: GQA inside SDPA
+    # elements saved per token and layer, Qwen3-4B shape, measured on one H200 (docs/memory-planner.md)
+    assert abs(memory.layer_activation_elements(Q4) - 93_332) / 93_332 < 0.05  # a padding mask: k, v repeated
+    monkeypatch.setattr(memory, "SDPA_REPEATS_KV", False)  # the tunable constant, not the code under test
+    assert abs(memory.layer_activation_elements(Q4) - 83_092) / 83_092 < 0.05  # no mask: GQA inside SDPA

@@ -1,4 +1,4 @@
-"""Preflight checks on CPU: each one handed a machine that fails it, and its message."""
+"""Preflight on CPU: each measurement on this machine, each check handed a machine that fails it, and its message."""
 
 import os
 import stat
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sft import preflight as pf
+from sft.controller import machine as m
+from sft.controller import preflight as pf
+from sft.planner.inputs import GPU, Machine
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -83,7 +85,7 @@ def test_gpus_found_fewer_than_wanted_and_mixed():
 def test_no_nvcc_on_the_path(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
-    found = pf.nvcc_version(path=str(empty), cuda_home="", default_cuda_dir=str(tmp_path / "no-cuda"))
+    found = m.nvcc_version(path=str(empty), cuda_home="", default_cuda_dir=str(tmp_path / "no-cuda"))
     assert found is None
     c = pf.check_nvcc(found, "13.0", offload=True, has_gpu=True)
     assert c.status == "fail"
@@ -97,7 +99,7 @@ def test_nvcc_of_another_cuda_major(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _script(bin_dir, "nvcc", "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
-    found = pf.nvcc_version(path=str(bin_dir), cuda_home="", default_cuda_dir=str(tmp_path / "no-cuda"))
+    found = m.nvcc_version(path=str(bin_dir), cuda_home="", default_cuda_dir=str(tmp_path / "no-cuda"))
     assert found == "12.4"
     c = pf.check_nvcc(found, "13.0", offload=True, has_gpu=True)
     assert c.status == "fail" and c.message.startswith("nvcc is CUDA 12.4, torch was built for CUDA 13.0")
@@ -108,12 +110,12 @@ def test_cuda_home_wins_over_path(tmp_path):
     for name, release in (("home", "13.0"), ("path", "12.4")):
         (tmp_path / name / "bin").mkdir(parents=True)
         _script(tmp_path / name / "bin", "nvcc", f"#!/bin/sh\necho 'release {release}, V{release}.1'\n")
-    found = pf.nvcc_version(path=str(tmp_path / "path" / "bin"), cuda_home=str(tmp_path / "home"))
+    found = m.nvcc_version(path=str(tmp_path / "path" / "bin"), cuda_home=str(tmp_path / "home"))
     assert found == "13.0"
 
 
 def test_cpu_adam_on_this_machine_and_when_incompatible():
-    compatible, prebuilt, cached = pf.cpu_adam_facts()
+    compatible, prebuilt, cached = m.cpu_adam_facts()
     assert compatible  # g++ is here; nothing was built by asking
     c = pf.check_cpu_adam(compatible, prebuilt, cached, offload=True)
     assert c.status in ("ok", "info") and c.message.startswith("CPU Adam compatible")
@@ -131,13 +133,13 @@ def test_low_memlock_turns_pin_memory_off():
     assert c.message.startswith("ulimit -l is 64 KiB: offload pins the optimizer state in host memory (about "
                                 "183.0 GiB here)")
     assert c.message.endswith("docker run --ulimit memlock=-1")
-    assert pf.pin_memory([c]) is False
     assert pf.check_memlock(None, offload=True).data == {"pin_memory": True}
     assert pf.check_memlock(64 * 1024, offload=False).status == "ok"
 
 
 def test_low_memlock_measured_in_a_shell_with_ulimit():
-    code = ("from sft import preflight as pf; c = pf.check_memlock(pf.memlock_limit(), offload=True); "
+    code = ("from sft.controller import machine as m, preflight as pf; "
+            "c = pf.check_memlock(m.memlock_limit(), offload=True); "
             "print(c.status, c.data['pin_memory'], c.message.split(':')[0])")
     out = subprocess.run(["bash", "-c", f"ulimit -l 64 && {sys.executable} -c \"{code}\""], cwd=REPO, check=False,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -145,7 +147,7 @@ def test_low_memlock_measured_in_a_shell_with_ulimit():
 
 
 def test_small_shm_fails_with_several_gpus(tiny_tmpfs):
-    size = pf.shm_size(str(tiny_tmpfs))
+    size = m.shm_size(str(tiny_tmpfs))
     assert size == 2**20
     c = pf.check_shm(size, gpus=8)
     assert c.status == "fail"
@@ -158,7 +160,7 @@ def test_small_shm_fails_with_several_gpus(tiny_tmpfs):
 
 def test_full_disk_fails(tiny_tmpfs):
     out = str(tiny_tmpfs / "out" / "run")  # not made yet: measured on its nearest existing parent
-    free = pf.free_disk(out)
+    free = m.free_disk(out)
     assert free <= 2**20
     c = pf.check_disk(free, out, total_params=10_000_000, save_total_limit=2)
     assert c.status == "fail"
@@ -184,8 +186,8 @@ def test_host_memory_capped_by_the_container(tmp_path):
     cgroup.write_text(f"{64 * GIB}\n")
     unlimited = tmp_path / "v1_limit"
     unlimited.write_text("max\n")
-    assert pf.host_memory_available(str(meminfo), [str(unlimited)]) == 125829120 * 1024
-    available = pf.host_memory_available(str(meminfo), [str(cgroup), str(unlimited)])
+    assert m.host_memory_available(str(meminfo), [str(unlimited)]) == 125829120 * 1024
+    available = m.host_memory_available(str(meminfo), [str(cgroup), str(unlimited)])
     assert available == 64 * GIB
     c = pf.check_host_memory(available, needed=int(183.08 * GIB), offload=True)
     assert c.status == "fail"
@@ -193,7 +195,7 @@ def test_host_memory_capped_by_the_container(tmp_path):
                          "machine with more RAM, more GPUs, or a stage without offload")
     assert pf.check_host_memory(available, int(183.08 * GIB), offload=None).status == "warn"
     assert pf.check_host_memory(available, int(183.08 * GIB), offload=False).status == "info"
-    assert pf.host_memory_available() > 0  # this machine's own files
+    assert m.host_memory_available() > 0  # this machine's own files
 
 
 # --- links between GPUs
@@ -221,7 +223,7 @@ def test_topology_with_the_underlined_header_of_an_h200_x2():
 
 
 def test_allreduce_measured_on_two_cpu_ranks():
-    busbw = pf.measure_allreduce(2, backend="gloo", size_bytes=4 * 2**20, iters=2, timeout_s=120)
+    busbw = m.measure_allreduce(2, backend="gloo", size_bytes=4 * 2**20, iters=2, timeout_s=120)
     assert busbw > 0
     slow = pf.check_allreduce(2, 1.0)
     assert slow.status == "warn" and slow.message.startswith("all-reduce across 2 GPUs: 1.0 GB/s bus bandwidth, "
@@ -235,16 +237,32 @@ def test_allreduce_measured_on_two_cpu_ranks():
 # --- all of them
 
 
-def test_run_preflight_on_this_machine(tmp_path):
-    checks = pf.run_preflight(str(tmp_path / "out"), zero_stage="3", total_params=1_000_000)
+def test_preflight_of_this_machine_for_a_run_that_offloads(tmp_path):
+    facts = m.measure(str(tmp_path / "out"))
+    assert facts.machine.host_memory_bytes > 0 and facts.free_disk_bytes > 0 and facts.shm_bytes > 0
+    needs = pf.Needs(gpus=None, offload=True, host_bytes=GIB, total_params=1_000_000, save_total_limit=2)
+    checks = pf.run(facts, needs)
     names = [c.name for c in checks]
     assert names == ["gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology", "allreduce"]
     assert all(c.status in ("ok", "info", "warn", "fail") for c in checks)
     assert not pf.failed(checks)
-    assert pf.pin_memory(checks) is True  # no offload: nothing to unpin
+    by_name = {c.name: c for c in checks}
+    assert "offload needs 1.0" in by_name["host_memory"].message  # checked, not "info": the run offloads
+    assert "needs 0.0 GB for 3 checkpoints" in by_name["disk"].message
     text = pf.format_checks(checks)
     assert len(text.splitlines()) == len(checks)
     assert text.splitlines()[6].startswith("[ok  ] disk         ")
+
+
+def test_a_machine_that_fails_several_checks_at_once():
+    facts = m.Facts(Machine(gpus=(GPU("NVIDIA H200", 139 * GIB),) * 2, host_memory_bytes=8 * GIB,
+                            memlock_bytes=64 * 1024), "/out", nvcc=None, torch_cuda="13.0",
+                    cpu_adam=(True, False, False), shm_bytes=64 * 2**20, free_disk_bytes=10**9)
+    needs = pf.Needs(gpus=4, offload=True, host_bytes=100 * GIB, total_params=QWEN3_8B_PARAMS, save_total_limit=2)
+    failed = {c.name for c in pf.failed(pf.run(facts, needs))}
+    assert failed == {"gpus", "nvcc", "shm", "host_memory", "disk"}
+    memlock = next(c for c in pf.run(facts, needs) if c.name == "memlock")
+    assert memlock.status == "warn" and memlock.data == {"pin_memory": False}
 
 
 def test_failed_lists_only_failures():

@@ -1,12 +1,14 @@
 """The probe's figures from rank reports: the steady state skips the first steps, and an allocator that
 had to flush its cache (a sign the run sits at the card's limit) is shown."""
 
-from sft import probe
+from sft.controller import figures as probe
+from sft.handoff import RankReport
+from sft.settings import Settings
 
 GIB = 2**30
 
 
-def report(rank: int, retries: int | None) -> dict:
+def report(rank: int, retries: int | None) -> RankReport:
     r = {"rank": rank, "world_size": 2, "peak_reserved_bytes": 100 * GIB, "device": "NVIDIA H200",
          "steps_per_epoch": 10, "global_step": 6,
          # (step, seconds, tokens): a slow first two steps, then 1 s and 1,000 tokens a step
@@ -14,10 +16,10 @@ def report(rank: int, retries: int | None) -> dict:
                    [6, 14.0, 6000]]}
     if retries is not None:
         r["alloc_retries"] = retries
-    return r
+    return RankReport.from_dict({"mode": "probe", **r})
 
 
-SETTINGS = {"max_steps": -1, "epochs": 1.0}
+SETTINGS = Settings(max_steps=-1, epochs=1.0)
 
 
 def test_steady_state_and_projection():

@@ -185,3 +185,24 @@ def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     assert ds["train_batch_size"] == 2 * 2 * 2 and ds["optimizer"]["params"]["lr"] == 1e-5
     assert ds["zero_optimization"]["reduce_bucket_size"] == 64 * 64  # hidden_size**2, as the Trainer fills it
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["report_to", "logging_first_step", "output_dir", "deepspeed"])
+def test_trainer_args_the_job_sets_are_refused(isolated_env, name):
+    """Before: report_to and logging_first_step passed here, then every rank died with "got multiple values"."""
+    with pytest.raises(SettingsError, match=f"{name} is set by the job"):
+        from_env({"SFT_TRAINER_ARGS": json.dumps({name: "x"})})
+
+
+def test_every_argument_the_job_sets_is_owned():
+    """The list settings refuses is the list the ranks set: one cannot grow without the other."""
+    from sft.handoff import CheckpointRecord, RunSpec
+    from sft.ranks.trainer import OWNED_ARGS, job_arguments
+
+    spec = RunSpec(mode="train", model="m", dataset="d", dataset_split="train", max_length=8, packing=True,
+                   epochs=1.0, max_steps=-1, learning_rate=1e-5, save_steps=1, save_total_limit=1, logging_steps=1,
+                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, micro_batch=1, grad_accum=1,
+                   gradient_checkpointing=False, trainer_args={}, node_timeout_seconds=60, stage="2",
+                   ds_config="", output_dir="o", report_dir="r", stop_file="s", final_dir="f",
+                   record=CheckpointRecord("2", 1))
+    assert set(job_arguments(spec, on_gpu=False)) <= set(OWNED_ARGS)

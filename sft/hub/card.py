@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import report
-from ..settings import REPO_ID, looks_local
+from ..data import looks_local
+from ..handoff import read_json
+from ..settings import REPO_ID
 from .errors import TokenFound
 from .manifest import FINAL, MANIFEST, hash_file
 
@@ -18,7 +19,7 @@ def upload_reports(api, repo_id: str, run_dir: Path, summary: dict[str, Any] | N
     """The run's reports and the model card in one commit; raises TokenFound if one holds the token."""
     from huggingface_hub import CommitOperationAdd
 
-    summary = summary if summary is not None else report.read_json(run_dir / "summary.json") or {}
+    summary = summary if summary is not None else read_json(run_dir / "summary.json") or {}
     ops = []
     for name in RUN_FILES:
         if (run_dir / name).is_file():

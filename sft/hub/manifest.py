@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ..units import size_text
 from .errors import TokenFound
 
 MANIFEST = "manifest.json"
@@ -28,13 +29,6 @@ FINAL = "final"
 HASH_CHUNK = 8 * 2**20  # bytes per read: hashlib releases the GIL on buffers this large
 HASH_THREADS = 4  # sha256 runs at about 1-2 GB/s a core: a 115 GB checkpoint hashes in about a minute
 STEP_DIR = re.compile(r"^checkpoint-(\d+)/")
-
-
-def size_text(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def now_iso() -> str:

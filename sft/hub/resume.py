@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from .. import exitcodes
 from .errors import HubError, redact, short_error
-from .manifest import FINAL, MANIFEST, hub_checkpoints, size_text, verify
+from ..units import size_text
+from .manifest import FINAL, MANIFEST, hub_checkpoints, verify
 
 DOWNLOAD_DIR = "hub-download"  # under OUTPUT/run/
 

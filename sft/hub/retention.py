@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Callable
 
 from .errors import http_status, redact, short_error
-from .manifest import STEP_DIR, hub_checkpoints, size_text
+from ..units import size_text
+from .manifest import STEP_DIR, hub_checkpoints
 
 
 class Retention:

@@ -13,54 +13,17 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from .nodes import Nodes
-from .settings import Settings
+from ..lifeline import die_with_parent
+from ..nodes import Nodes
+from ..planner.inputs import Ranks
+from ..settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RANK_PROGRAM = "sft.ranks.train"  # what the launcher starts on every rank
 # After the grace period: SIGTERM to the launcher's group, then SIGKILL this many seconds later.
 KILL_AFTER_SECONDS = 15
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """How many ranks run, and on which devices."""
-
-    count: int  # on this node
-    gpus: tuple[int, ...]  # empty: CPU ranks on gloo
-    nodes: int = 1  # every node runs as many ranks (the nodes check it at start)
-
-    @property
-    def on_gpu(self) -> bool:
-        return bool(self.gpus)
-
-    @property
-    def world(self) -> int:
-        """Ranks of the whole job: what ZeRO shards over and what a checkpoint records."""
-        return self.count * self.nodes
-
-
-def detect_ranks(s: Settings, nodes: int = 1) -> Ranks:
-    """One rank per selected GPU; on a machine with no GPU, SFT_CPU_RANKS ranks on CPU."""
-    import torch
-
-    visible = torch.cuda.device_count()
-    if visible == 0:
-        return Ranks(s.cpu_ranks, (), nodes)
-    if s.gpus == "all":
-        return Ranks(visible, tuple(range(visible)), nodes)
-    chosen = tuple(int(g) for g in s.gpus.split(","))
-    missing = [g for g in chosen if g >= visible]
-    if missing:
-        raise LaunchError(f"SFT_GPUS={s.gpus!r}: this machine has {visible} GPU(s) (0-{visible - 1}); "
-                          f"no GPU {', '.join(map(str, missing))}")
-    return Ranks(len(chosen), chosen, nodes)
-
-
-class LaunchError(Exception):
-    """The ranks cannot be started as asked."""
 
 
 def free_port() -> int:
@@ -77,11 +40,11 @@ def command(s: Settings, ranks: Ranks, spec_path: Path, nodes: Nodes, port: int)
             "--num_gpus", str(ranks.count)]
         # The runner as a module of this interpreter: the venv's bin/ need not be on PATH.
         return [sys.executable, "-m", "deepspeed.launcher.runner", *where, "--master_port", str(port),
-                "--module", "sft.train", str(spec_path)]
+                "--module", RANK_PROGRAM, str(spec_path)]
     # --rdzv-conf timeout: how long node 0's agent waits for the other nodes' agents at each launch
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}",
             f"--node-rank={nodes.node_rank}", f"--nproc-per-node={ranks.count}", f"--master-addr={nodes.master_addr}",
-            f"--master-port={port}", f"--rdzv-conf=timeout={s.node_timeout_seconds}", "-m", "sft.train",
+            f"--master-port={port}", f"--rdzv-conf=timeout={s.node_timeout_seconds}", "-m", RANK_PROGRAM,
             str(spec_path)]
 
 
@@ -119,7 +82,7 @@ class Launch:
         print("$ " + " ".join(self.cmd), flush=True)
         # The launcher runs in its own session (signals reach this process first) and dies with it
         # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
-        guarded = [sys.executable, "-m", "sft.launch", str(os.getpid()), *self.cmd]
+        guarded = [sys.executable, "-m", __name__, str(os.getpid()), *self.cmd]
         self.proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=environment(self.settings, self.ranks),
                                      start_new_session=True)
         while True:
@@ -149,6 +112,38 @@ class Launch:
         self.deadline = float("inf")
 
 
+class Stopper:
+    """SIGTERM/SIGINT in the controller: forward a stop to the ranks running now, remember when."""
+
+    def __init__(self):
+        self.requested_at: float | None = None
+        self.launch: Launch | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum, frame) -> None:
+        print(f"received {signal.Signals(signum).name}", flush=True)
+        self.requested_at = self.requested_at or time.monotonic()
+        if self.launch is not None:
+            self.launch.stop()
+
+    def running(self, launch: Launch) -> int:
+        """Run `launch` to its end, stopping it if a stop was asked before or while it runs."""
+        self.launch = launch
+        if self.requested:
+            launch.stop()
+        try:
+            return launch.run()
+        finally:
+            self.launch = None
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -156,21 +151,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def die_with_parent(parent: int | None = None) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG).
-
-    Written by hand: neither torchrun nor the deepspeed launcher ties its ranks' lives to whoever
-    started it, and subprocess's preexec_fn is unsafe here (the uploader thread runs in this process).
-    """
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG; kept across exec
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)  # the parent died before the request took effect
-
-
 if __name__ == "__main__":
-    # python -m sft.launch PARENT_PID CMD...: the launcher, bound to the controller's life.
+    # python -m sft.controller.launch PARENT_PID CMD...: the launcher, bound to the controller's life.
     die_with_parent(int(sys.argv[1]))
     os.execvp(sys.argv[2], sys.argv[2:])

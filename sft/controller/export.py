@@ -15,12 +15,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json")
 
 
+class NotACheckpoint(Exception):
+    """The folder is not a checkpoint the job wrote (the message says what is missing)."""
+
+
 def export(checkpoint: str | Path, out: str | Path) -> Path:
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM
 
     checkpoint, out = Path(checkpoint), Path(out)
+    missing = [name for name in ("latest", "config.json") if not (checkpoint / name).is_file()]
+    if missing:
+        raise NotACheckpoint(f"{checkpoint} is not a checkpoint of this job (no {' or '.join(missing)}): give an "
+                             "OUTPUT/checkpoint-N folder the Trainer and DeepSpeed wrote")
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
     config = AutoConfig.from_pretrained(checkpoint)
     with torch.device("meta"):

@@ -26,15 +26,14 @@ import time
 from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-from . import exitcodes, report
-from .launch import REPO_ROOT, Launch, Ranks
-from .nodes import Nodes
-from .settings import Settings, env_name
-
-if TYPE_CHECKING:
-    from .job import Stopper
+from .. import exitcodes
+from ..handoff import read_json, write_json
+from ..nodes import Nodes
+from ..planner.inputs import Ranks
+from ..settings import Settings, env_name
+from .launch import REPO_ROOT, Launch, Stopper
 
 POLL_S = 0.2  # how often a waiting controller looks at the store (and lets a signal handler run)
 HEARTBEAT_S = 2.0
@@ -229,14 +228,9 @@ class Team:
             return exitcodes.TRAIN_FAILED
 
     def _launch(self, record: dict[str, str], stopper: Stopper) -> int:
-        launch = Launch(self.s, self.ranks, Path(record["spec"]), Path(record["stop_file"]), self.nodes)
-        stopper.launch = launch
-        if stopper.requested:  # a SIGTERM between two launches stops the next one at its first step
-            launch.stop()
-        try:
-            return launch.run()
-        finally:
-            stopper.launch = None
+        # a SIGTERM between two launches stops the next one at its first step
+        return stopper.running(Launch(self.s, self.ranks, Path(record["spec"]), Path(record["stop_file"]),
+                                      self.nodes))
 
     def _heartbeat(self) -> None:
         key = f"alive/{self.nodes.node_rank}"
@@ -318,7 +312,7 @@ def _sha256(text: str) -> str:
 def write_marker(out: Path) -> str:
     """Node 0 writes a fresh random token into the output folder; the other nodes must read it there."""
     token = secrets.token_hex(16)
-    report.write_json(out / "run" / MARKER, {"token": token})
+    write_json(out / "run" / MARKER, {"token": token})
     return token
 
 
@@ -326,7 +320,7 @@ def marker_seen(out: Path, token: str, timeout_s: float) -> bool:
     """Whether node 0's token shows up in this node's view of the output folder within the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = report.read_json(out / "run" / MARKER)
+        found = read_json(out / "run" / MARKER)
         if found and found.get("token") == token:
             return True
         if time.monotonic() > deadline:

@@ -1,4 +1,4 @@
-"""The probe's figures: speed, memory on every rank, and what the full run will take.
+"""The figures of a run of the ranks: speed, memory on every rank, and what the full run will take.
 
 The probe is the seed's 50-step timing run, made by the same code as the real run with
 save_strategy="no". Its speed is taken in the steady state: the first steps pay for kernel
@@ -10,13 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .plan import GIB
-
+from ..handoff import RankReport
+from ..settings import Settings
+from ..units import gib
 
 # Steps left out before the steady state: on a fresh machine the first launch compiles flex attention's
-# and Liger's kernels during step 2 and recompiles for new shapes in step 4 (measured on one H200,
-# Qwen3-4B, defaults: 16.2 s and 1.16 s against 0.62-0.65 s for the others; with the compile caches
-# warm, 3.3 s and 0.62 s). Timed from step 3, that launch read 5.8% slower than a warm one; from step 5, 2.0%.
+# and Liger's kernels during step 2 and recompiles for new shapes in step 4 (docs/speed.md).
 WARMUP_STEPS = 4
 
 
@@ -34,33 +33,33 @@ def steady_rates(steps: list[list[float]]) -> dict[str, float] | None:
     return {"seconds_per_step": round((t1 - t0) / (s1 - s0), 4), "tokens_per_second": round((n1 - n0) / (t1 - t0), 1)}
 
 
-def figures(reports: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+def figures(reports: list[RankReport], s: Settings) -> dict[str, Any]:
     """Probe figures from the ranks' reports (rank 0 holds the step times)."""
-    main = next(r for r in reports if r["rank"] == 0)
+    reports = sorted(reports, key=lambda r: r.rank)
+    main = reports[0]
     out: dict[str, Any] = {
-        "steps": main.get("global_step"),
-        "world_size": main["world_size"],
-        "peak_reserved_gib": [round(r["peak_reserved_bytes"] / GIB, 2) for r in sorted(reports, key=lambda r: r["rank"])],
-        "device": main.get("device"),
-        "steps_per_epoch": main.get("steps_per_epoch"),
+        "steps": main.global_step,
+        "world_size": main.world_size,
+        "peak_reserved_gib": [gib(r.peak_reserved_bytes) for r in reports],
+        "device": main.device,
+        "steps_per_epoch": main.steps_per_epoch,
     }
-    if any("alloc_retries" in r for r in reports):
-        out["alloc_retries"] = [r.get("alloc_retries", 0) for r in sorted(reports, key=lambda r: r["rank"])]
-    out.update(steady_rates(main["steps"]) or {})
-    out.update(projection(out, settings))
+    if any(r.alloc_retries is not None for r in reports):
+        out["alloc_retries"] = [r.alloc_retries or 0 for r in reports]
+    out.update(steady_rates(main.steps) or {})
+    out.update(projection(out, s))
     return out
 
 
-def projection(fig: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def projection(fig: dict[str, Any], s: Settings) -> dict[str, Any]:
     """Steps, hours and cost of the full run at the probe's steady speed."""
     if "seconds_per_step" not in fig or not fig.get("steps_per_epoch"):
         return {}
-    total = settings["max_steps"] if settings["max_steps"] > 0 else math.ceil(
-        settings["epochs"] * fig["steps_per_epoch"])
+    total = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"])
     hours = total * fig["seconds_per_step"] / 3600
     out = {"total_steps": total, "projected_hours": round(hours, 3)}
-    if settings.get("price_per_hour"):
-        out["projected_cost"] = round(hours * settings["price_per_hour"], 2)
+    if s.price_per_hour:
+        out["projected_cost"] = round(hours * s.price_per_hour, 2)
     return out
 
 

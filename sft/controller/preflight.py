@@ -1,28 +1,23 @@
-"""Preflight: what the machine has, checked before any model is loaded.
+"""Preflight: the machine's measured facts (machine.py) checked against what this run needs.
 
-Each check is a function of the measured facts (passed in, so a test can hand it a machine that
-fails), and each measurement is a small function of its own. A "fail" makes the run impossible and
-stops the job before loading; a "warn" is a problem the run survives, at a cost the message names.
+Each check is a pure function of facts, so a test can hand it a machine that fails. A "fail" makes the
+run impossible and stops the job before any model is loaded; a "warn" is a problem the run survives,
+at a cost the message names.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import resource
-import shutil
-import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .launch import free_port
-from .plan import GIB
+from ..planner.decide import Decision
+from ..planner.rules import pin_memory_rule
+from ..units import GB, GIB
+from .machine import Facts
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
-GB = 10**9  # GB for disk, as df -H and the seed's "115 GB" count
 
 # Docker gives /dev/shm 64 MB; NCCL keeps its intra-node buffers there, and NCCL's troubleshooting
 # guide asks for at least --shm-size=1g in containers.
@@ -35,7 +30,21 @@ FINAL_MODEL_BYTES_PER_PARAM = 2  # final/: the gathered 16-bit model
 # Bus bandwidth (nccl-tests' busbw) below which ZeRO-3's traffic will dominate a step; PCIe Gen4 x16
 # links reach about 20 GB/s, NVLink several hundred.
 ALLREDUCE_WARN_GBPS = 5.0
-ALLREDUCE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the run asks of the machine, from its Decision; unknown (None) for `doctor` without a model."""
+
+    gpus: int | None = None
+    offload: bool | None = None
+    host_bytes: int | None = None  # what offload keeps in host RAM (DeepSpeed's estimate)
+    total_params: int | None = None  # for the disk: None when the run writes no checkpoint (a probe)
+    save_total_limit: int | None = 2
+
+    @classmethod
+    def of(cls, d: Decision, total_params: int | None, save_total_limit: int) -> Needs:
+        return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit)
 
 
 @dataclass(frozen=True)
@@ -48,22 +57,7 @@ class Check:
     data: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _offload(zero_stage: str) -> bool | None:
-    """Whether a ZeRO option offloads; None for auto (the plan decides later)."""
-    return None if zero_stage == "auto" else "offload" in zero_stage
-
-
 # --- GPUs
-
-
-def gpu_facts() -> list[tuple[str, int]]:
-    """(name, total memory in bytes) of each visible GPU, from torch.cuda."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    return [(p.name, p.total_memory) for p in props]
 
 
 def check_gpus(gpus: Sequence[tuple[str, int]], wanted: int | None = None) -> Check:
@@ -85,24 +79,6 @@ def check_gpus(gpus: Sequence[tuple[str, int]], wanted: int | None = None) -> Ch
 # --- nvcc and DeepSpeed's CPU Adam (optimizer offload)
 
 
-def nvcc_version(path: str | None = None, cuda_home: str | None = None,
-                 default_cuda_dir: str = "/usr/local/cuda") -> str | None:
-    """The CUDA release of the nvcc DeepSpeed's op builder would find ("13.0"), or None."""
-    # torch.utils.cpp_extension looks in CUDA_HOME/CUDA_PATH, then PATH, then /usr/local/cuda
-    home = cuda_home if cuda_home is not None else os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    candidates = [os.path.join(home, "bin", "nvcc")] if home else []
-    candidates += [shutil.which("nvcc", path=path), os.path.join(default_cuda_dir, "bin", "nvcc")]
-    nvcc = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
-    if nvcc is None:
-        return None
-    try:
-        out = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
-
-
 def check_nvcc(nvcc: str | None, torch_cuda: str | None, offload: bool | None, has_gpu: bool) -> Check:
     """nvcc is what CPU Adam needs to build on a GPU machine; its CUDA major must match torch's."""
     if not has_gpu:
@@ -117,19 +93,6 @@ def check_nvcc(nvcc: str | None, torch_cuda: str | None, offload: bool | None, h
                      f"refuses to build CPU Adam across major versions; {why}. Install CUDA {torch_cuda.split('.')[0]}"
                      ".x or the matching torch build")
     return Check("nvcc", OK, f"nvcc {nvcc} (torch built for CUDA {torch_cuda or 'none: CPU build'})")
-
-
-def cpu_adam_facts() -> tuple[bool, bool, bool]:
-    """(compatible, prebuilt, built before) for DeepSpeed's CPU Adam; builds nothing."""
-    from deepspeed.git_version_info import installed_ops
-    from deepspeed.ops.op_builder import CPUAdamBuilder
-    from torch.utils.cpp_extension import _get_build_directory
-
-    builder = CPUAdamBuilder()
-    compatible = bool(builder.is_compatible(verbose=False))
-    prebuilt = bool(installed_ops.get(builder.NAME, False))
-    cached = (Path(_get_build_directory(builder.name, verbose=False)) / f"{builder.name}.so").exists()
-    return compatible, prebuilt, cached
 
 
 def check_cpu_adam(compatible: bool, prebuilt: bool, cached: bool, offload: bool | None) -> Check:
@@ -148,31 +111,10 @@ def check_cpu_adam(compatible: bool, prebuilt: bool, cached: bool, offload: bool
 # --- Host limits and memory
 
 
-def memlock_limit() -> int | None:
-    """The soft `ulimit -l` in bytes; None when unlimited."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
 def check_memlock(limit: int | None, offload: bool | None, pinned_bytes: int | None = None) -> Check:
-    """Pinned host memory counts against `ulimit -l`; too low and the job turns pin_memory off."""
-    if limit is None:
-        return Check("memlock", OK, "ulimit -l unlimited: pinned memory allowed", {"pin_memory": True})
-    shown = f"ulimit -l is {limit // 1024} KiB"
-    if offload is False:
-        return Check("memlock", OK, f"{shown}: no offload, nothing large is pinned", {"pin_memory": True})
-    if pinned_bytes is not None and limit >= pinned_bytes:
-        return Check("memlock", OK, f"{shown}: enough for {pinned_bytes / GIB:.1f} GiB pinned", {"pin_memory": True})
-    need = f" (about {pinned_bytes / GIB:.1f} GiB here)" if pinned_bytes else ""
-    return Check("memlock", WARN, f"{shown}: offload pins the optimizer state in host memory{need}, which "
-                 "counts against it, so pin_memory will be turned off (slower host-GPU copies). To keep it: "
-                 "docker run --ulimit memlock=-1", {"pin_memory": False})
-
-
-def shm_size(path: str = "/dev/shm") -> int:
-    """Size in bytes of the filesystem at path (Docker's --shm-size for /dev/shm)."""
-    st = os.statvfs(path)
-    return st.f_frsize * st.f_blocks
+    """Pinned host memory counts against `ulimit -l`; too low and offload runs turn pin_memory off."""
+    pin, message = pin_memory_rule(limit, offload, pinned_bytes)
+    return Check("memlock", OK if pin else WARN, message, {"pin_memory": pin})
 
 
 def check_shm(size_bytes: int, gpus: int) -> Check:
@@ -184,22 +126,6 @@ def check_shm(size_bytes: int, gpus: int) -> Check:
         return Check("shm", FAIL, f"{shown}, too small for NCCL across {gpus} GPUs (Docker's default is 64 MB): "
                      "run the container with --shm-size=16g or --ipc=host")
     return Check("shm", OK, shown)
-
-
-def host_memory_available(meminfo: str = "/proc/meminfo",
-                          cgroup_files: Sequence[str] = ("/sys/fs/cgroup/memory.max",
-                                                         "/sys/fs/cgroup/memory/memory.limit_in_bytes")) -> int:
-    """Bytes of RAM available: MemAvailable, capped by the container's cgroup limit."""
-    text = Path(meminfo).read_text()
-    available = int(re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
-    for name in cgroup_files:  # a container sees the host's meminfo; its own limit is here
-        try:
-            raw = Path(name).read_text().strip()
-        except OSError:
-            continue
-        if raw.isdigit():
-            available = min(available, int(raw))
-    return available
 
 
 def check_host_memory(available: int, needed: int | None, offload: bool | None) -> Check:
@@ -216,14 +142,6 @@ def check_host_memory(available: int, needed: int | None, offload: bool | None) 
 
 
 # --- Disk
-
-
-def free_disk(output_dir: str) -> int:
-    """Free bytes on the filesystem that will hold output_dir (its nearest existing parent)."""
-    path = Path(output_dir).resolve()
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
 
 
 def check_disk(free: int, output_dir: str, total_params: int | None, save_total_limit: int | None) -> Check:
@@ -247,15 +165,6 @@ def check_disk(free: int, output_dir: str, total_params: int | None, save_total_
 
 
 # --- Links between GPUs
-
-
-def nvidia_smi_topo() -> str | None:
-    """The text of `nvidia-smi topo -m`, or None without nvidia-smi."""
-    try:
-        done = subprocess.run(["nvidia-smi", "topo", "-m"], check=False, capture_output=True, text=True, timeout=60)
-        return done.stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
 
 
 def gpu_links(topo: str) -> set[str]:
@@ -290,56 +199,6 @@ def check_topology(gpus: int, topo: str | None) -> Check:
                  "ZeRO-2's data over these links, so prefer ZeRO-2 where it fits", data)
 
 
-def _allreduce_worker(rank: int, world: int, port: int, backend: str, numel: int, iters: int, queue: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before NCCL starts, so each rank owns its GPU
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    x = torch.ones(numel, dtype=torch.float32, device=device)
-    for _ in range(2):  # warm-up: NCCL sets up its rings on the first call
-        dist.all_reduce(x)
-    dist.barrier()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(x)
-    sync()
-    if rank == 0:
-        queue.put((time.perf_counter() - start) / iters)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def measure_allreduce(world: int, backend: str = "nccl", size_bytes: int = ALLREDUCE_BYTES, iters: int = 10,
-                      timeout_s: float = 180) -> float:
-    """All-reduce bus bandwidth in GB/s across `world` local processes, one per GPU (nccl-tests' busbw)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    numel = size_bytes // 4
-    args = (world, free_port(), backend, numel, iters, queue)
-    procs = [ctx.Process(target=_allreduce_worker, args=(rank, *args), daemon=True) for rank in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    hung = [p for p in procs if p.is_alive()]
-    for p in hung:
-        p.terminate()
-    if hung or any(p.exitcode != 0 for p in procs) or queue.empty():
-        raise RuntimeError(f"all-reduce test failed (exit codes {[p.exitcode for p in procs]})")
-    seconds = queue.get()
-    # bus bandwidth: what each link carries in a ring all-reduce, 2(n-1)/n of the buffer
-    return numel * 4 * 2 * (world - 1) / world / seconds / 1e9
-
-
 def check_allreduce(gpus: int, busbw_gbps: float | None, error: str | None = None) -> Check:
     """A short all-reduce across the GPUs: the bandwidth ZeRO's gradient and weight traffic gets."""
     if gpus < 2:
@@ -358,43 +217,28 @@ def check_allreduce(gpus: int, busbw_gbps: float | None, error: str | None = Non
 # --- All of them
 
 
-def run_preflight(output_dir: str, *, zero_stage: str = "auto", total_params: int | None = None,
-                  save_total_limit: int | None = 2, host_needed_bytes: int | None = None,
-                  gpus_wanted: int | None = None, allreduce: bool = True) -> list[Check]:
-    """Measure this machine and run every check; host_needed_bytes: the plan's host estimate (offload)."""
-    import torch
-
-    offload = _offload(zero_stage)
-    gpus = gpu_facts()
+def run(facts: Facts, needs: Needs) -> list[Check]:
+    """Every check of the measured facts against what the run needs."""
+    m = facts.machine
+    gpus = [(g.name, g.memory_bytes) for g in m.gpus]
     n = len(gpus)
     checks = [
-        check_gpus(gpus, gpus_wanted),
-        check_nvcc(nvcc_version(), torch.version.cuda, offload, has_gpu=n > 0),
-        check_cpu_adam(*cpu_adam_facts(), offload=offload),
-        check_memlock(memlock_limit(), offload, host_needed_bytes),
-        check_shm(shm_size(), n),
-        check_host_memory(host_memory_available(), host_needed_bytes, offload),
-        check_disk(free_disk(output_dir), output_dir, total_params, save_total_limit),
-        check_topology(n, nvidia_smi_topo() if n >= 2 else None),
+        check_gpus(gpus, needs.gpus),
+        check_nvcc(facts.nvcc, facts.torch_cuda, needs.offload, has_gpu=n > 0),
+        check_cpu_adam(*facts.cpu_adam, offload=needs.offload),
+        check_memlock(m.memlock_bytes, needs.offload, needs.host_bytes),
+        check_shm(facts.shm_bytes, n),
+        check_host_memory(m.host_memory_bytes or 0, needs.host_bytes, needs.offload),
+        check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit),
+        check_topology(n, facts.topology),
+        check_allreduce(n, facts.allreduce_gbps, facts.allreduce_error),
     ]
-    busbw, error = None, None
-    if n >= 2 and allreduce:
-        try:
-            busbw = measure_allreduce(n)
-        except RuntimeError as e:
-            error = str(e)
-    checks.append(check_allreduce(n, busbw, error if allreduce else "turned off"))
     return checks
 
 
 def failed(checks: Sequence[Check]) -> list[Check]:
     """The checks that make the run impossible."""
     return [c for c in checks if c.status == FAIL]
-
-
-def pin_memory(checks: Sequence[Check]) -> bool:
-    """Whether the offload configs may keep pin_memory on (the memlock check's verdict)."""
-    return all(c.data.get("pin_memory", True) for c in checks)
 
 
 def format_checks(checks: Sequence[Check]) -> str:

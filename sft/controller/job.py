@@ -1,0 +1,170 @@
+"""The job, in the controlling process: hub -> decide -> preflight -> probe -> train -> close.
+
+The decision is made once, by planner/decide.py; this module carries it out. The ranks run
+sft/ranks/train.py, started through the launcher (launch.py); the Hub side is uploads.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .. import exitcodes, nodes
+from ..handoff import Summary, write_json
+from ..planner import decide
+from ..planner import rules
+from ..planner.decide import Decision
+from ..planner.inputs import CannotRun, Inputs
+from ..planner.plan import format_table
+from ..settings import Settings
+from ..units import gib
+from . import coordinate, figures, inputs, machine, preflight, probe, uploads
+from .launch import Stopper
+from .output import Paths, losses, plot_loss
+from .runs import Runner
+
+
+def run(s: Settings, probe_only: bool = False) -> int:
+    """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says."""
+    where = nodes.from_env(os.environ)
+    facts = machine.measure(s.output_dir, where.nnodes)
+    try:
+        ranks, _ = rules.choose_ranks(s, facts.machine)
+        team = coordinate.join(s, where, ranks)
+    except CannotRun as e:
+        print(f"error: {e}", flush=True)
+        return e.exit_code
+    except coordinate.NodesFailed as e:
+        print(f"error: {e}", flush=True)
+        return exitcodes.PREFLIGHT
+    if not team.leads:
+        return team.follow(Stopper())
+    code = exitcodes.FAILED  # an exception here must still release the other nodes
+    try:
+        code = Job(s, team, facts).run(probe_only)
+    finally:
+        team.finish(code)
+    return code
+
+
+class Job:
+    """One start of the job on node 0: its steps in order, and the summary they fill."""
+
+    def __init__(self, s: Settings, team: coordinate.Team, facts: machine.Facts):
+        self.s, self.team, self.facts = s, team, facts
+        self.paths, self.stopper = Paths(s.output_path), Stopper()
+        self.runner = Runner(s, team, self.paths, self.stopper)
+        self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes)
+        self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training
+
+    def run(self, probe_only: bool) -> int:
+        from ..hub.errors import HubError
+
+        try:
+            self.target = uploads.connect(self.s)
+            if not probe_only and uploads.already_done(self.paths, self.target):
+                return exitcodes.DONE
+            self.stopper.install()
+            self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
+            write_json(self.paths.run / "settings.json", self.s.to_dict())
+            resume = uploads.resume_point(self.paths, self.target)
+        except HubError as e:
+            print(f"error: {e.message}", flush=True)
+            return e.exit_code
+        self.summary.resumed_from = str(resume) if resume else None
+        try:
+            given = inputs.read(self.s, self.facts.machine, resume)
+            d = self._decided(decide.decide(given))
+        except CannotRun as e:
+            print(f"error: {e}", flush=True)
+            return self._close(e.exit_code, "preflight failed")
+        self.facts = machine.measure_links(self.facts, d.ranks)
+        if (code := self._preflight(given, d, probe_only)) is not None:
+            return self._close(code, "preflight failed", d)
+        if self.s.probe_steps > 0 and resume is None:
+            outcome = probe.probe(self.runner, given, d, recheck=lambda nxt: self._preflight(given, nxt, probe_only))
+            d = self._probed(outcome)
+            if outcome.code != exitcodes.DONE or probe_only:
+                return self._close(outcome.code, "probed" if outcome.code == exitcodes.DONE else "probe failed", d)
+        elif probe_only:
+            print("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)", flush=True)
+            return exitcodes.DONE
+        return self._train(d, resume)
+
+    def _decided(self, d: Decision) -> Decision:
+        print(format_table(d.plan), flush=True)
+        print("decided:\n" + d.explain(), flush=True)
+        self.summary.plan = d.plan.to_dict()
+        return d
+
+    def _preflight(self, given: Inputs, d: Decision, probe_only: bool) -> int | None:
+        """The machine's facts against this decision's needs; an exit code when it cannot run."""
+        # the probe alone writes no checkpoint: its disk needs are not the run's
+        needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, self.s.save_total_limit)
+        checks = preflight.run(self.facts, needs)
+        print("preflight:\n" + preflight.format_checks(checks), flush=True)
+        self.summary.preflight = [dict(name=c.name, status=c.status, message=c.message) for c in checks]
+        if preflight.failed(checks):
+            print("error: preflight found problems that make this run impossible (above)", flush=True)
+            return exitcodes.PREFLIGHT
+        return None
+
+    def _probed(self, outcome: probe.Outcome) -> Decision:
+        self.summary.batch_search = outcome.batch_search
+        self.summary.escalations = outcome.escalations
+        self.summary.probe = outcome.figures
+        return outcome.decision
+
+    def _train(self, d: Decision, resume: Path | None) -> int:
+        if self.stopper.requested:
+            return self._close(exitcodes.STOPPED, "stopped", d)
+        print(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"),
+              flush=True)
+        self.uploader = uploads.start(self.s, self.target, self.paths)
+        started = time.time()
+        code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, self.s.max_steps, resume))
+        self.summary.train = train = train_results(reports, time.time() - started)
+        if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
+            self.summary.probe_check = check
+            print(figures.against_run_line(check), flush=True)
+        if self.stopper.requested or train.get("status") == "stopped":
+            return self._close(exitcodes.STOPPED, "stopped", d)
+        if code != 0 or train.get("status") != "done":
+            print(f"error: training failed (launcher exit code {code}); complete checkpoints are kept and a new "
+                  f"start resumes from the newest", flush=True)
+            return self._close(exitcodes.TRAIN_FAILED, "failed", d)
+        return self._close(exitcodes.DONE, "done", d)
+
+    def _close(self, code: int, status: str, d: Decision | None = None) -> int:
+        """The summary and the loss plot; with a repo, the last uploads. Returns the job's exit code."""
+        summary = self.summary
+        summary.status, summary.exit_code = status, code
+        if d is not None:
+            summary.stage, summary.ranks = d.stage.name, d.ranks.world
+            summary.resolved, summary.decisions = d.resolved(), dict(d.reasons)
+        points = losses((summary.train or {}).get("log_history") or [])
+        if points:
+            summary.final_loss = points[-1][1]
+            plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
+        summary.save(self.paths.summary)
+        if self.uploader is not None:
+            code = uploads.finish(self.uploader, code, self.paths, summary,
+                                  uploads.grace_left(self.s, self.stopper.requested_at))
+        print(f"{status}: exit code {code}; summary in {self.paths.summary}", flush=True)
+        return code
+
+
+def train_results(reports: list, wall: float) -> dict:
+    """The training's figures for the summary, from the ranks' reports (rank 0 holds the step times)."""
+    main = next((r for r in reports if r.rank == 0), None)
+    result: dict = {"wall_seconds": round(wall, 1), "peak_reserved_gib": [gib(r.peak_reserved_bytes) for r in reports]}
+    if main is None:
+        return {"status": None, **result}
+    result.update(status=main.status, global_step=main.global_step, train_runtime=main.train_runtime,
+                  train_loss=main.train_loss, num_tokens=main.num_tokens, log_history=main.log_history)
+    if main.num_tokens and main.train_runtime:
+        result["tokens_per_second"] = round(main.num_tokens / main.train_runtime, 1)
+    if rates := figures.steady_rates(main.steps):
+        result["steady_tokens_per_second"] = rates["tokens_per_second"]
+    return result

@@ -1,0 +1,200 @@
+"""What this machine has, measured: GPUs, host RAM, limits, toolchain, disk, links.
+
+Each measurement is a small function of its own; `measure` gathers what every start needs into Facts
+(the decision reads Facts.machine), and `measure_links` adds what only several GPUs need. The checks
+on these facts are in preflight.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..planner.inputs import GPU, Machine, Ranks
+from ..settings import liger_available
+from .launch import free_port
+
+ALLREDUCE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The machine as measured at start; `machine` is what the decision needs of it."""
+
+    machine: Machine
+    output_dir: str
+    nvcc: str | None = None  # the CUDA release of the nvcc DeepSpeed's op builder would find
+    torch_cuda: str | None = None  # the CUDA torch was built for
+    cpu_adam: tuple[bool, bool, bool] = (True, False, False)  # compatible, prebuilt, built before
+    shm_bytes: int = 0
+    free_disk_bytes: int = 0
+    topology: str | None = None  # `nvidia-smi topo -m`, with several GPUs
+    allreduce_gbps: float | None = None
+    allreduce_error: str | None = "not measured"
+
+
+def measure(output_dir: str, nodes: int = 1) -> Facts:
+    """Everything a start checks; cheap (no GPU work, no subprocess but nvcc --version)."""
+    import torch
+
+    machine = Machine(gpus=gpus(), host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
+                      liger_installed=liger_available(), nodes=nodes)
+    return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
+                 shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir))
+
+
+def measure_links(facts: Facts, ranks: Ranks) -> Facts:
+    """With several GPUs: how they are linked, and a short all-reduce across them."""
+    if len(ranks.gpus) < 2:
+        return facts
+    try:
+        busbw, error = measure_allreduce(len(ranks.gpus), devices=ranks.gpus), None
+    except RuntimeError as e:
+        busbw, error = None, str(e)
+    return replace(facts, topology=nvidia_smi_topo(), allreduce_gbps=busbw, allreduce_error=error)
+
+
+def gpus() -> tuple[GPU, ...]:
+    """Name and total memory of each GPU this process sees, from torch.cuda."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ()
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    return tuple(GPU(p.name, p.total_memory) for p in props)
+
+
+def nvcc_version(path: str | None = None, cuda_home: str | None = None,
+                 default_cuda_dir: str = "/usr/local/cuda") -> str | None:
+    """The CUDA release of the nvcc DeepSpeed's op builder would find ("13.0"), or None."""
+    # torch.utils.cpp_extension looks in CUDA_HOME/CUDA_PATH, then PATH, then /usr/local/cuda
+    home = cuda_home if cuda_home is not None else os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [os.path.join(home, "bin", "nvcc")] if home else []
+    candidates += [shutil.which("nvcc", path=path), os.path.join(default_cuda_dir, "bin", "nvcc")]
+    nvcc = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def cpu_adam_facts() -> tuple[bool, bool, bool]:
+    """(compatible, prebuilt, built before) for DeepSpeed's CPU Adam; builds nothing."""
+    from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+    from torch.utils.cpp_extension import _get_build_directory
+
+    builder = CPUAdamBuilder()
+    compatible = bool(builder.is_compatible(verbose=False))
+    prebuilt = bool(installed_ops.get(builder.NAME, False))
+    cached = (Path(_get_build_directory(builder.name, verbose=False)) / f"{builder.name}.so").exists()
+    return compatible, prebuilt, cached
+
+
+def memlock_limit() -> int | None:
+    """The soft `ulimit -l` in bytes; None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def shm_size(path: str = "/dev/shm") -> int:
+    """Size in bytes of the filesystem at path (Docker's --shm-size for /dev/shm)."""
+    st = os.statvfs(path)
+    return st.f_frsize * st.f_blocks
+
+
+def host_memory_available(meminfo: str = "/proc/meminfo",
+                          cgroup_files: Sequence[str] = ("/sys/fs/cgroup/memory.max",
+                                                         "/sys/fs/cgroup/memory/memory.limit_in_bytes")) -> int:
+    """Bytes of RAM available: MemAvailable, capped by the container's cgroup limit."""
+    text = Path(meminfo).read_text()
+    available = int(re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
+    for name in cgroup_files:  # a container sees the host's meminfo; its own limit is here
+        try:
+            raw = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit():
+            available = min(available, int(raw))
+    return available
+
+
+def free_disk(output_dir: str) -> int:
+    """Free bytes on the filesystem that will hold output_dir (its nearest existing parent)."""
+    path = Path(output_dir).resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def nvidia_smi_topo() -> str | None:
+    """The text of `nvidia-smi topo -m`, or None without nvidia-smi."""
+    try:
+        done = subprocess.run(["nvidia-smi", "topo", "-m"], check=False, capture_output=True, text=True, timeout=60)
+        return done.stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _allreduce_worker(rank: int, world: int, port: int, backend: str, numel: int, iters: int, queue: Any,
+                      devices: Sequence[int]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device("cuda", devices[rank]) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL starts, so each rank owns its GPU
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    x = torch.ones(numel, dtype=torch.float32, device=device)
+    for _ in range(2):  # warm-up: NCCL sets up its rings on the first call
+        dist.all_reduce(x)
+    dist.barrier()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    sync()
+    if rank == 0:
+        queue.put((time.perf_counter() - start) / iters)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_allreduce(world: int, backend: str = "nccl", size_bytes: int = ALLREDUCE_BYTES, iters: int = 10,
+                      timeout_s: float = 180, devices: Sequence[int] | None = None) -> float:
+    """All-reduce bus bandwidth in GB/s across `world` local processes, one per GPU (nccl-tests' busbw);
+    devices: the GPU of each (default 0 .. world-1)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    numel = size_bytes // 4
+    args = (world, free_port(), backend, numel, iters, queue, tuple(devices or range(world)))
+    procs = [ctx.Process(target=_allreduce_worker, args=(rank, *args), daemon=True) for rank in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.terminate()
+    if hung or any(p.exitcode != 0 for p in procs) or queue.empty():
+        raise RuntimeError(f"all-reduce test failed (exit codes {[p.exitcode for p in procs]})")
+    seconds = queue.get()
+    # bus bandwidth: what each link carries in a ring all-reduce, 2(n-1)/n of the buffer
+    return numel * 4 * 2 * (world - 1) / world / seconds / 1e9

@@ -1,0 +1,79 @@
+"""The output folder, as the controller writes it:
+
+    OUTPUT/checkpoint-N/   the Trainer's checkpoints (DeepSpeed shards), the newest SFT_SAVE_TOTAL_LIMIT
+    OUTPUT/final/          the 16-bit model, loadable by AutoModelForCausalLM.from_pretrained
+    OUTPUT/run/            settings.json, ds_config.json, probe.json, summary.json, loss.png, reports/
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..handoff import RankReport, Summary
+
+
+@dataclass(frozen=True)
+class Paths:
+    out: Path
+
+    @property
+    def run(self) -> Path:
+        return self.out / "run"
+
+    @property
+    def final(self) -> Path:
+        return self.out / "final"
+
+    @property
+    def stop_file(self) -> Path:
+        """Every rank polls it each step: its presence asks them to save and stop."""
+        return self.run / "STOP"
+
+    @property
+    def summary(self) -> Path:
+        return self.run / "summary.json"
+
+    @property
+    def reports(self) -> Path:
+        return self.run / "reports"
+
+    def finished(self) -> bool:
+        """A complete earlier run: its summary says done and final/ holds a model."""
+        done = Summary.load(self.summary)
+        return bool(done and done.status == "done" and (self.final / "config.json").is_file())
+
+    def rank_reports(self, mode: str) -> list[RankReport]:
+        """The reports the ranks of the last `mode` run wrote, by rank."""
+        found = [RankReport.load(p) for p in sorted(self.reports.glob(f"{mode}-rank*.json"))]
+        return sorted((r for r in found if r is not None), key=lambda r: r.rank)
+
+    def clear_reports(self, mode: str) -> None:
+        """Reports of an earlier start would be mistaken for this one's."""
+        for old in self.reports.glob(f"{mode}-rank*.json"):
+            old.unlink()
+
+
+def losses(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, loss) pairs from the Trainer's log history."""
+    return [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
+
+
+def plot_loss(points: list[tuple[int, float]], path: Path, title: str) -> Path | None:
+    """The loss curve as a PNG (matplotlib's Agg backend: no display needed)."""
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([s for s, _ in points], [v for _, v in points], marker="." if len(points) < 50 else None)
+    ax.set(xlabel="optimizer step", ylabel="training loss", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

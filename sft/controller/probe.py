@@ -1,0 +1,145 @@
+"""The probe, carried out: the batch search's short runs, then the timing run, escalating on out-of-memory.
+
+What to time, what to adopt and where to escalate are the decision's (planner/decide.py); this module
+runs the ranks, reads their reports and hands the measurements back to it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import exitcodes
+from ..handoff import RankReport, Split, write_json
+from ..planner import decide
+from ..planner.decide import Decision
+from ..planner.inputs import Inputs
+from ..planner.plan import GPU_FREE_FRACTION
+from ..units import GIB
+from . import figures
+from .runs import Runner
+
+BATCH_SEARCH_STEPS = 12  # steps per split: steady_rates times the last 8 (figures.WARMUP_STEPS)
+
+
+class ProbeOutOfMemory(Exception):
+    """The ranks ran out of GPU memory, or left less free than the planner's margin."""
+
+
+@dataclass
+class Outcome:
+    """What the probe ends with: its exit code, the decision it leaves, and what it measured."""
+
+    decision: Decision
+    code: int = exitcodes.DONE
+    figures: dict[str, Any] | None = None
+    escalations: list[dict[str, str]] = field(default_factory=list)
+    batch_search: dict[str, Any] | None = None
+
+
+def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decision], int | None]) -> Outcome:
+    """The batch search where the decision asks for one, then the probe; `recheck` preflights an escalation."""
+    outcome = Outcome(d)
+    if d.search:
+        outcome.code = _search_batch(runner, inputs, outcome)
+    while outcome.code == exitcodes.DONE and outcome.figures is None:
+        d = outcome.decision
+        try:
+            outcome.figures = _probe_once(runner, d)
+        except ProbeOutOfMemory as e:
+            nxt, change = decide.escalate(inputs, d, str(e))
+            if nxt is None:
+                print(f"error: {e} with ZeRO {d.stage.name}; {change}", flush=True)
+                outcome.code = exitcodes.PROBE_OOM
+                break
+            print(f"auto: {e} with ZeRO {d.stage.name}; {change} and probing again", flush=True)
+            moved = nxt.stage != d.stage
+            outcome.escalations.append({"from": d.stage.name if moved else "checkpointing off",
+                                        "to": nxt.stage.name if moved else "on", "why": str(e)})
+            outcome.decision = nxt
+            outcome.code = recheck(nxt) or exitcodes.DONE
+        except _Failed as e:
+            outcome.code = e.code
+    return outcome
+
+
+class _Failed(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+def _probe_once(runner: Runner, d: Decision) -> dict[str, Any]:
+    s = runner.s
+    print(f"probe: {s.probe_steps} steps with ZeRO {d.stage.name} on {d.ranks.world} rank(s)", flush=True)
+    fig, reports = _timed_run(runner, d, s.probe_steps, "probe")
+    write_json(runner.paths.run / "probe.json", fig)
+    print("probe:\n" + figures.table(fig), flush=True)
+    _check_headroom(reports)
+    return fig
+
+
+def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict[str, Any], list[RankReport]]:
+    """Ranks that train `steps` steps and save nothing; their figures and reports. Raises ProbeOutOfMemory
+    when a rank ran out of memory, _Failed when the run failed or was stopped."""
+    spec = runner.spec(d, "probe", runner.paths.run / name.replace(" ", "-"), steps)
+    code, reports = runner.run(spec)
+    if runner.stopper.requested:
+        raise _Failed(exitcodes.STOPPED)
+    if code == exitcodes.RANK_OOM or any(r.status == "oom" for r in reports):
+        raise ProbeOutOfMemory(f"the {name} ran out of GPU memory")
+    if code != 0 or len(reports) != d.ranks.world or any(r.status != "done" for r in reports):
+        print(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above", flush=True)
+        raise _Failed(exitcodes.PROBE_FAILED)
+    fig = figures.figures(reports, runner.s)
+    fig["stage"] = d.stage.name
+    return fig, reports
+
+
+def _check_headroom(reports: list[RankReport]) -> None:
+    """Measured peak against the card: less free than the planner's margin counts as not fitting."""
+    for r in reports:
+        if r.total_bytes and r.peak_reserved_bytes > r.total_bytes * (1 - GPU_FREE_FRACTION):
+            raise ProbeOutOfMemory(f"rank {r.rank} peaked at {r.peak_reserved_bytes / GIB:.1f} GiB of "
+                                   f"{r.total_bytes / GIB:.1f} GiB, less than {GPU_FREE_FRACTION:.0%} free")
+
+
+def _search_batch(runner: Runner, inputs: Inputs, outcome: Outcome) -> int:
+    """Time each split the decision lists in a short run; adopt the fastest that did not run out of memory."""
+    d, started = outcome.decision, time.monotonic()
+    steps = min(runner.s.probe_steps, BATCH_SEARCH_STEPS)
+    print(f"batch search: {len(d.search)} splits of {d.split.rows} rows per step, {steps} steps each, with "
+          f"ZeRO {d.stage.name}", flush=True)
+    tries = []
+    for split in d.search:
+        tried, began = _try_split(runner, inputs, d, split, steps)
+        tried["wall_seconds"] = round(time.monotonic() - began, 1)  # what the try cost, model load included
+        tries.append(tried)
+    outcome.batch_search = {"rows_per_step": d.split.rows, "steps": steps, "tries": tries}
+    timed = [t for t in tries if t["tokens_per_second"]]
+    if not timed:  # every split failed: the planned one, and the probe's usual escalation
+        print("batch search: no split could be timed; probing the planned one", flush=True)
+        return exitcodes.DONE
+    best = max(timed, key=lambda t: t["tokens_per_second"])
+    outcome.batch_search.update(chosen=best, wall_seconds=round(time.monotonic() - started, 1))
+    split = Split(best["micro_batch"], best["grad_accum"], best["gradient_checkpointing"])
+    outcome.decision = decide.adopt(inputs, d, split, f"{split.text()}, the fastest the batch search timed")
+    print(f"batch search: keeping {split.text()} ({outcome.batch_search['wall_seconds']:.0f} s spent searching)",
+          flush=True)
+    return exitcodes.DONE
+
+
+def _try_split(runner: Runner, inputs: Inputs, d: Decision, split: Split, steps: int) -> tuple[dict[str, Any], float]:
+    tried: dict[str, Any] = split.to_dict()
+    began = time.monotonic()
+    try:
+        fig, reports = _timed_run(runner, decide.adopt(inputs, d, split, "a batch search try"), steps, "batch search")
+        _check_headroom(reports)
+    except ProbeOutOfMemory as e:
+        fig, tried["out_of_memory"] = {}, str(e)
+    tried["tokens_per_second"] = fig.get("tokens_per_second")
+    tried["peak_reserved_gib"] = fig.get("peak_reserved_gib")
+    print(f"batch search: {split.text()}: " + (f"{tried['tokens_per_second']:,.0f} tokens/s" if
+          tried["tokens_per_second"] else tried.get("out_of_memory", "too few steps to time")), flush=True)
+    return tried, began

@@ -1,0 +1,50 @@
+"""One run of the ranks on every node: the decision written down as a RunSpec, the launch, the reports back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..handoff import RankReport, RunSpec, write_json
+from ..planner.decide import Decision
+from ..settings import Settings
+from .coordinate import Team
+from .launch import Launch, Stopper
+from .output import Paths
+
+
+class Runner:
+    """Starts the ranks of every node on one RunSpec and collects what they report."""
+
+    def __init__(self, s: Settings, team: Team, paths: Paths, stopper: Stopper):
+        self.s, self.team, self.paths, self.stopper = s, team, paths, stopper
+
+    def spec(self, d: Decision, mode: str, output_dir: Path, max_steps: int, resume: Path | None = None) -> RunSpec:
+        """The decision as the ranks read it; its DeepSpeed config is written to run/ds_config.json."""
+        ds_path = write_json(self.paths.run / "ds_config.json", dict(d.ds_config))
+        return make_spec(self.s, d, self.paths, mode, output_dir, max_steps, resume, str(ds_path))
+
+    def run(self, spec: RunSpec) -> tuple[int, list[RankReport]]:
+        """Launch the ranks here and on every other node; the launcher's exit code and the ranks' reports."""
+        self.paths.clear_reports(spec.mode)
+        path = spec.save(self.paths.run / f"spec-{spec.mode}.json")
+        self.team.announce(path, self.paths.stop_file)  # the other nodes start their ranks on the same spec
+        code = self.stopper.running(Launch(self.s, self.team.ranks, path, self.paths.stop_file, self.team.nodes))
+        self.team.after_launch(code)
+        return code, self.paths.rank_reports(spec.mode)
+
+
+def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Path, max_steps: int,
+              resume: Path | None = None, ds_config: str = "") -> RunSpec:
+    """The settings and the decision, as the ranks read them (writes nothing)."""
+    return RunSpec(
+        mode=mode, model=s.model, dataset=s.dataset, dataset_split=s.dataset_split, max_length=s.max_length,
+        packing=s.packing, epochs=s.epochs, max_steps=max_steps, learning_rate=s.learning_rate,
+        save_steps=s.save_steps, save_total_limit=s.save_total_limit, logging_steps=s.logging_steps,
+        seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger,
+        micro_batch=d.split.micro_batch, grad_accum=d.split.grad_accum,
+        gradient_checkpointing=d.split.gradient_checkpointing,
+        trainer_args=json.loads(s.trainer_args or "{}"), node_timeout_seconds=s.node_timeout_seconds,
+        stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
+        report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
+        record=d.record(), resume=str(resume) if resume else None)

@@ -1,0 +1,83 @@
+"""The job's side of the Hub: connect at start, find where to resume, upload in the background, flush at the end.
+
+The protocol itself (preflight, manifests, the uploader's schedule, retention, resume) is in sft/hub/.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .. import checkpoints, exitcodes
+from ..handoff import Summary
+from ..settings import Settings
+from .output import Paths
+
+
+def connect(s: Settings):
+    """Check the token and the private repo before any GPU work; None when no repo is named (raises HubError)."""
+    from ..hub.preflight import preflight
+
+    if s.hub_repo is None:
+        print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
+        return None
+    target = preflight(s.hub_repo, os.environ.get("HF_TOKEN"))
+    print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min", flush=True)
+    return target
+
+
+def already_done(paths: Paths, target) -> bool:
+    """A finished run on disk, or its final model on the Hub: a second start has nothing to do."""
+    from ..hub.resume import final_on_hub
+
+    if paths.finished():
+        print(f"{paths.final} is already trained (see {paths.summary}); nothing to do.", flush=True)
+        return True
+    if target is not None and final_on_hub(target.api, target.repo_id):
+        print(f"the final model is already on {target.url}; nothing to do.", flush=True)
+        return True
+    return False
+
+
+def resume_point(paths: Paths, target) -> Path | None:
+    """The newest complete checkpoint on disk; else, with a repo, the newest verified one on the Hub."""
+    from ..hub.resume import resume_from_hub
+
+    resume = checkpoints.latest_complete(paths.out)
+    if resume is None and target is not None:
+        resume = resume_from_hub(target.api, target.repo_id, paths.out)
+    return resume
+
+
+def start(s: Settings, target, paths: Paths):
+    """The background uploader of checkpoints, or None without a repo."""
+    from ..hub.uploader import Uploader
+
+    if target is None:
+        return None
+    uploader = Uploader(target, paths.out, interval_s=s.upload_minutes * 60, keep=s.save_total_limit)
+    uploader.start()
+    return uploader
+
+
+def finish(uploader, code: int, paths: Paths, summary: Summary, grace_left_s: float) -> int:
+    """Stopped or failed: flush the newest checkpoint in the grace left. Done: final model and reports."""
+    if code != exitcodes.DONE:
+        if not uploader.flush(grace_left_s):
+            print(f"warning: the newest checkpoint did not reach the Hub: {uploader.behind()}", flush=True)
+        uploader.stop(5)
+        return code
+    missing = uploader.finish(paths.final, paths.run, summary.to_dict())
+    summary.hub = uploader.uploaded()
+    summary.save(paths.summary)
+    if missing:
+        print("error: trained, but not uploaded: " + "; ".join(missing), flush=True)
+        return exitcodes.UPLOAD_INCOMPLETE
+    return code
+
+
+def grace_left(s: Settings, requested_at: float | None) -> float:
+    """Seconds of SFT_STOP_GRACE_SECONDS left since the stop was asked for."""
+    spent = time.monotonic() - (requested_at or time.monotonic())
+    return max(s.stop_grace_seconds - spent, 0.0)

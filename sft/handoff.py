@@ -1,0 +1,187 @@
+"""What crosses a process or a restart, typed: each a dataclass with one JSON round trip.
+
+    RunSpec           controller -> every rank: what to train and where (run/spec-MODE.json)
+    RankReport        each rank -> controller: how it ended, its steps and memory (run/reports/)
+    CheckpointRecord  rank 0 -> a later start: how a checkpoint was made (checkpoint-N/sft_job.json)
+    Summary           controller -> the user, the Hub and a later start (run/summary.json)
+
+Unknown keys in a file are ignored when it is read (a newer job's file stays readable by an older one),
+and a missing key takes the field's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write atomically (a reader, or a VM that dies mid-write, never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in a file; None when it is missing, unreadable or half-written."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+class Record:
+    """The JSON round trip every hand-off shares: to_dict, from_dict, save, load."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in data:
+                continue
+            value, kind = data[f.name], hints[f.name]
+            nested = next((t for t in typing.get_args(kind) or (kind,) if isinstance(t, type)
+                           and issubclass(t, Record)), None)
+            values[f.name] = nested.from_dict(value) if nested and isinstance(value, dict) else value
+        return cls(**values)
+
+    def save(self, path: Path) -> Path:
+        return write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls: type[T], path: Path) -> T | None:
+        """The record in `path`, or None when there is none (missing, torn or not a JSON object)."""
+        data = read_json(path)
+        return cls.from_dict(data) if isinstance(data, dict) else None  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Split(Record):
+    """How the rows of one optimizer step are split: micro-batch x accumulation, and checkpointing."""
+
+    micro_batch: int
+    grad_accum: int
+    gradient_checkpointing: bool
+
+    @property
+    def rows(self) -> int:
+        return self.micro_batch * self.grad_accum
+
+    def text(self) -> str:
+        """As the log names it: '4 x 1, checkpointing off'."""
+        return f"{self.micro_batch} x {self.grad_accum}, checkpointing {'on' if self.gradient_checkpointing else 'off'}"
+
+
+@dataclass(frozen=True)
+class CheckpointRecord(Record):
+    """Written into every checkpoint before the Trainer saves there: a resume must match it."""
+
+    stage: str
+    world_size: int
+    batch: Split | None = None  # set when a batch search chose the split: a resume keeps it
+
+    FILE: typing.ClassVar[str] = "sft_job.json"
+
+
+@dataclass(frozen=True)
+class RunSpec(Record):
+    """Everything a rank needs, decided: the ranks read nothing else of the controller's."""
+
+    mode: str  # "probe" (times steps, saves nothing) or "train"
+    model: str
+    dataset: str
+    dataset_split: str
+    max_length: int
+    packing: bool
+    epochs: float
+    max_steps: int
+    learning_rate: float
+    save_steps: int
+    save_total_limit: int
+    logging_steps: int
+    seed: int
+    bf16: bool
+    attention: str
+    liger_kernels: bool
+    micro_batch: int
+    grad_accum: int
+    gradient_checkpointing: bool
+    trainer_args: dict[str, Any]  # SFT_TRAINER_ARGS, checked against the arguments the job sets
+    node_timeout_seconds: int
+    stage: str
+    ds_config: str  # the DeepSpeed JSON's path
+    output_dir: str  # the Trainer's: checkpoints go here
+    report_dir: str
+    stop_file: str
+    final_dir: str
+    record: CheckpointRecord
+    resume: str | None = None
+
+
+@dataclass
+class RankReport(Record):
+    """One rank's account of a run, written when it ends, however it ends."""
+
+    mode: str
+    status: str = "started"  # done, stopped, oom, failed
+    rank: int = 0
+    world_size: int = 1
+    error: str | None = None
+    steps: list[list[float]] = field(default_factory=list)  # [step, perf_counter seconds, tokens so far]
+    steps_per_epoch: int | None = None
+    conversations: int | None = None
+    global_step: int | None = None
+    train_runtime: float | None = None
+    train_loss: float | None = None
+    num_tokens: int | None = None
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    stopped: bool = False
+    device: str | None = None
+    peak_reserved_bytes: int = 0
+    peak_allocated_bytes: int | None = None
+    total_bytes: int | None = None  # the GPU's memory (None on CPU)
+    alloc_retries: int | None = None  # the caching allocator flushed its cache this often (GPU only)
+
+    @staticmethod
+    def path(report_dir: Path, mode: str, rank: int) -> Path:
+        return Path(report_dir) / f"{mode}-rank{rank}.json"
+
+
+@dataclass
+class Summary(Record):
+    """The run as it ended: what was asked, decided, measured and saved (run/summary.json)."""
+
+    status: str = "started"  # done, stopped, failed, probed, probe failed, preflight failed
+    exit_code: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    nodes: int = 1
+    ranks: int | None = None
+    stage: str | None = None
+    resolved: dict[str, Any] | None = None  # the decision: every "auto" made concrete
+    decisions: dict[str, str] = field(default_factory=dict)  # why each choice was made
+    plan: dict[str, Any] | None = None
+    preflight: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: str | None = None
+    batch_search: dict[str, Any] | None = None
+    escalations: list[dict[str, str]] = field(default_factory=list)
+    probe: dict[str, Any] | None = None
+    train: dict[str, Any] | None = None
+    probe_check: dict[str, Any] | None = None
+    final_loss: float | None = None
+    hub: dict[str, Any] | None = None

@@ -1,0 +1,213 @@
+"""Every choice the job makes, in one pure step: settings + machine + checkpoint -> one frozen Decision.
+
+    decide(inputs)            at start: ranks, precision, attention, Liger, stage, checkpointing, the
+                              batch split and which splits to time, pin_memory, launcher; a reason each
+    adopt(inputs, d, split)   after the batch search: the split it measured fastest
+    escalate(inputs, d)       after the probe ran out of memory: checkpointing on, then the next stage
+
+Nothing here reads a file, the clock or the machine: the controller measures (controller/machine.py),
+decides here, then carries the Decision out; tests/test_decide.py is a table of cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import exitcodes, stages
+from ..handoff import CheckpointRecord, Split
+from ..stages import Stage
+from ..units import GIB
+from . import rules
+from .inputs import CannotRun, Inputs, Machine, Ranks
+from .plan import Plan, Row, Setup, estimate_row, plan_from_shape
+
+CPU_RANK_MEMORY_GIB = 16.0  # what a CPU rank is planned with when the host's memory is unknown
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Every choice of one start, and why (reasons: one line per choice, keyed as the fields)."""
+
+    ranks: Ranks
+    bf16: bool
+    attention: str
+    liger: bool
+    stage: Stage
+    ds_config: Mapping[str, Any]  # the DeepSpeed config the Trainer gets ("auto" left for it to fill)
+    split: Split
+    searched: bool  # the split is a batch search's (this start's or the checkpoint's): checkpoints record it
+    search: tuple[Split, ...]  # the splits the batch search times before the probe (empty: none)
+    pin_memory: bool
+    launcher: str
+    plan: Plan  # the shipped options at this split: what auto chooses among
+    row: Row  # this stage's prediction under ds_config
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def offload(self) -> bool:
+        return self.stage.offload
+
+    def record(self) -> CheckpointRecord:
+        """What every checkpoint of this decision says about how it was made."""
+        return CheckpointRecord(self.stage.name, self.ranks.world, self.split if self.searched else None)
+
+    def resolved(self) -> dict[str, Any]:
+        """The choices as plain values, for the summary and `config`."""
+        return {"ranks": self.ranks.world, "gpus": list(self.ranks.gpus), "precision": "bf16" if self.bf16 else
+                "fp32", "attention": self.attention, "liger_kernels": self.liger, "stage": self.stage.name,
+                "offload": self.offload, "micro_batch": self.split.micro_batch, "grad_accum": self.split.grad_accum,
+                "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
+                "pin_memory": self.pin_memory, "launcher": self.launcher,
+                "predicted_peak_gib": round(self.row.peak / GIB, 2)}
+
+    def explain(self) -> str:
+        return "\n".join(f"  {name}: {why}" for name, why in self.reasons.items())
+
+
+def decide(inputs: Inputs) -> Decision:
+    """The decision at start (raises CannotRun)."""
+    s, record = inputs.settings, inputs.record
+    ranks, why_ranks = rules.choose_ranks(s, inputs.machine)
+    if record is not None and record.world_size != ranks.world:
+        raise CannotRun(
+            f"the checkpoint to resume was written by {record.world_size} ranks and this start has {ranks.world}. "
+            "DeepSpeed cannot load ZeRO shards into another number of ranks: start on as many GPUs (SFT_GPUS), or "
+            "convert the checkpoint with DeepSpeed's universal checkpointing (python -m "
+            "deepspeed.checkpoint.ds_to_universal) first", exitcodes.PREFLIGHT)
+    reasons = {"ranks": why_ranks}
+    bf16 = s.precision == "bf16" or (s.precision == "auto" and ranks.on_gpu)
+    reasons["precision"] = ("bf16" if bf16 else "fp32") + (" (SFT_PRECISION)" if s.precision != "auto" else
+                                                          ", auto: bf16 on GPUs, fp32 on CPU")
+    attention, reasons["attention"] = rules.attention(s, ranks)
+    liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
+    if record is not None and record.batch is not None:
+        split, searched = record.batch, True
+        reasons["split"] = f"{split.text()}, as the batch search chose it for the checkpoint resumed"
+    else:
+        split = Split(s.micro_batch, s.grad_accum, s.gradient_checkpointing != "false")
+        searched, reasons["split"] = False, f"{split.rows} rows per step as SFT_MICRO_BATCH x SFT_GRAD_ACCUM"
+    # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
+    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, stage=stages.get("1"), ds_config={},
+                 split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
+                 plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
+    d = _with_stage(inputs, d, *_first_stage(inputs, d))
+    if s.gradient_checkpointing == "auto" and not searched:
+        d = _auto_checkpointing(inputs, d)
+    d = _with_search(inputs, d)
+    return _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+
+
+def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str]:
+    source = rules.stage_source(inputs)
+    if inputs.user_config is not None:
+        stage = stages.of_config(inputs.user_config)
+        return stage, inputs.user_config, f"{stage.label}, as your DeepSpeed file says (SFT_DS_CONFIG)"
+    if source is not None:
+        name = inputs.record.stage if inputs.record is not None else inputs.settings.zero_stage
+        return stages.get(name), stages.shipped_config(name), f"{stages.get(name).label} ({source})"
+    p = _plan(inputs, d, d.split)
+    if p.choice is None:
+        raise CannotRun(f"no ZeRO option fits this machine: {p.reason}", exitcodes.PREFLIGHT, p)
+    return stages.get(p.choice), stages.shipped_config(p.choice), f"auto: {p.reason}"
+
+
+def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
+    m, s = inputs.machine, inputs.settings
+    host_gib = m.host_memory_bytes / GIB if m.host_memory_bytes else None
+    if d.ranks.on_gpu:
+        gpu_gib = min(m.gpus[g].memory_bytes for g in d.ranks.gpus) / GIB
+    else:  # CPU ranks share the host
+        gpu_gib = (host_gib or CPU_RANK_MEMORY_GIB * d.ranks.count) / d.ranks.count
+    return Setup(d.ranks.count, gpu_gib, d.ranks.nodes, split.micro_batch, s.max_length,
+                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger)
+
+
+def _plan(inputs: Inputs, d: Decision, split: Split) -> Plan:
+    return plan_from_shape(inputs.shape, **dataclasses.asdict(_setup(inputs, d, split)))
+
+
+def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
+    return estimate_row(d.stage, inputs.shape, _setup(inputs, d, split), d.ds_config)
+
+
+def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str) -> Decision:
+    """d at another stage: its config, plan and row, and pin_memory decided for it."""
+    d = _replace(d, stage=stage, ds_config=config, reasons={**d.reasons, "stage": why})
+    return _with_split(inputs, d, d.split)
+
+
+def _with_split(inputs: Inputs, d: Decision, split: Split) -> Decision:
+    d = _replace(d, split=split, plan=_plan(inputs, d, split), row=_row(inputs, d, split))
+    pin, why = _pin_memory(inputs.machine, d)
+    config = d.ds_config if pin else stages.without_pinned_memory(dict(d.ds_config))
+    return _replace(d, pin_memory=pin, ds_config=config, reasons={**d.reasons, "pin_memory": why})
+
+
+def _pin_memory(machine: Machine, d: Decision) -> tuple[bool, str]:
+    return rules.pin_memory_rule(machine.memlock_bytes, d.offload, d.row.host)
+
+
+def _auto_checkpointing(inputs: Inputs, d: Decision) -> Decision:
+    """Recomputing activations costs a third more compute: off where the stage fits without it."""
+    off = dataclasses.replace(d.split, gradient_checkpointing=False)
+    if _row(inputs, d, off).fits:
+        d = _with_split(inputs, d, off)
+        why = f"off, auto: {d.stage.label} fits without it ({d.row.peak / GIB:.2f} GiB predicted)"
+    else:
+        why = f"on, auto: {d.stage.label} does not fit without it"
+    return _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
+
+
+def _search_on(inputs: Inputs, d: Decision) -> bool:
+    s = inputs.settings
+    probing = s.probe_steps > 0 and inputs.record is None
+    return probing and (s.batch_search == "true" or (s.batch_search == "auto" and d.ranks.on_gpu))
+
+
+def _with_search(inputs: Inputs, d: Decision) -> Decision:
+    """Which splits the batch search times; a lone candidate is adopted without timing."""
+    if not _search_on(inputs, d):
+        return d
+    setting = inputs.settings.gradient_checkpointing
+    rows = d.split.rows
+    found = rules.batch_candidates(
+        rows, (False, True) if setting == "auto" else (setting == "true",),
+        fits=lambda mb, ckpt: _row(inputs, d, Split(mb, rows // mb, ckpt)).fits_gpu,
+        every=inputs.settings.batch_search == "true")
+    if len(found) >= 2:
+        why = f"times {len(found)} splits of {rows} rows per step: " + "; ".join(f.text() for f in found)
+        return _replace(d, search=tuple(found), reasons={**d.reasons, "batch_search": why})
+    if found and found[0] != d.split:  # the planned split does not fit this stage: this one does
+        d = _replace(_with_split(inputs, d, found[0]), searched=True)
+    why = (f"{found[0].text()} is the one split of {rows} rows per step that can be the fastest; nothing to time"
+           if found else "no split fits by the plan: the probe decides")
+    return _replace(d, reasons={**d.reasons, "batch_search": why})
+
+
+def adopt(inputs: Inputs, d: Decision, split: Split, why: str) -> Decision:
+    """The split the batch search measured fastest (recorded in checkpoints, so a resume keeps it)."""
+    d = _with_split(inputs, d, split)
+    return _replace(d, searched=True, search=(), reasons={**d.reasons, "split": why})
+
+
+def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, str]:
+    """After the probe ran out of memory: (the next decision, what changed), or (None, what to try)."""
+    s = inputs.settings
+    if s.gradient_checkpointing == "auto" and not d.split.gradient_checkpointing:
+        split = dataclasses.replace(d.split, gradient_checkpointing=True)
+        d = _with_split(inputs, d, split)
+        change = "turning gradient checkpointing on"
+        return _replace(d, reasons={**d.reasons, "gradient_checkpointing": f"on, auto: {why} without it"}), change
+    nxt = stages.next_after(d.stage.name) if d.stage.name in stages.NAMES else None
+    if rules.stage_source(inputs) is not None or nxt is None:
+        return None, f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
+    stage = stages.get(nxt)
+    d = _with_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
+    return d, f"moving to ZeRO {nxt}"
+
+
+def _replace(d: Decision, **changes: Any) -> Decision:
+    return dataclasses.replace(d, **changes)

@@ -1,0 +1,69 @@
+"""What the decision is a function of: the settings, the machine, the model's shape, a checkpoint's record;
+and the ranks it runs on. Measured and read by the controller (controller/machine.py, controller/inputs.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..handoff import CheckpointRecord
+from ..settings import Settings
+from .shape import ModelShape
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine as the decision needs it; controller/machine.py measures it."""
+
+    gpus: tuple[GPU, ...] = ()  # every GPU this process sees
+    host_memory_bytes: int | None = None  # available RAM (the container's limit, if lower)
+    memlock_bytes: int | None = None  # soft `ulimit -l`; None: unlimited
+    liger_installed: bool = False  # liger-kernel and Triton importable
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the decision is a function of."""
+
+    settings: Settings
+    machine: Machine
+    shape: ModelShape
+    record: CheckpointRecord | None = None  # of the checkpoint this start resumes from
+    user_config: Mapping[str, Any] | None = None  # SFT_DS_CONFIG's contents
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """How many ranks run, and on which devices."""
+
+    count: int  # on this node
+    gpus: tuple[int, ...]  # empty: CPU ranks on gloo
+    nodes: int = 1  # every node runs as many ranks (the nodes check it at start)
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def world(self) -> int:
+        """Ranks of the whole job: what ZeRO shards over and what a checkpoint records."""
+        return self.count * self.nodes
+
+
+class CannotRun(Exception):
+    """No decision can run this job here; the message says why and what to change."""
+
+    def __init__(self, message: str, exit_code: int, plan: Plan | None = None):
+        super().__init__(message)
+        self.exit_code, self.plan = exit_code, plan  # plan: when nothing fits, every option's prediction

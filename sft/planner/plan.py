@@ -1,0 +1,204 @@
+"""The memory plan: every ZeRO option's predicted peak per GPU for one machine and batch, and the option
+that fits: the first in stages.PREFERENCE whose peak fits the GPU with GPU_FREE_FRACTION kept free and
+whose host memory (offload only) fits the host. The terms are in memory.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import stages
+from ..stages import Stage
+from ..units import GIB, gib
+from . import memory
+from .shape import ModelShape, model_shape
+
+GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The machine and the batch the plan is for."""
+
+    gpus_per_node: int
+    gpu_memory_gib: float  # what each GPU reports (torch's total_memory / 2**30)
+    nodes: int = 1
+    micro_batch: int = 1
+    max_length: int = 2048
+    gradient_checkpointing: bool = True
+    host_memory_gib: float | None = None  # per node; None: not checked
+    grad_accum: int = 1
+    liger_kernels: bool = False
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the whole job."""
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def gpu_budget(self) -> int:
+        """Bytes a plan may use per GPU."""
+        return int(self.gpu_memory_gib * (1 - GPU_FREE_FRACTION) * GIB)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One option's predicted memory, bytes per GPU (host: bytes per node)."""
+
+    option: str
+    model_states: int
+    activations: int
+    logits: int
+    buckets: int
+    optimizer_step: int
+    accumulation: int
+    margin: int
+    peak: int  # states + accumulation + the busier of backward and step + margin
+    host: int  # DeepSpeed's estimate of CPU memory
+    fits_gpu: bool
+    fits_host: bool | None  # None: not checked (no offload, or the host's memory was not given)
+    why: str
+
+    @property
+    def fits(self) -> bool:
+        """Fits the GPU, and the host where that was checked."""
+        return self.fits_gpu and self.fits_host is not False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every option's row and the choice (None when nothing fits, with the reason)."""
+
+    shape: ModelShape
+    setup: Setup
+    rows: tuple[Row, ...]
+    choice: str | None
+    reason: str
+
+    def row(self, option: str) -> Row:
+        """The row of one option ("1" ... "3-offload-all")."""
+        return next(r for r in self.rows if r.option == option)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: sizes in GiB (bytes / 2**30, two decimals, like DeepSpeed)."""
+        rows = [{**{k: gib(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    for k, v in asdict(r).items()}, "fits": r.fits} for r in self.rows]
+        setup = {**asdict(self.setup), "gpu_budget": gib(self.setup.gpu_budget)}
+        return {"model": asdict(self.shape), "setup": setup, "options": rows,
+                "choice": self.choice, "reason": self.reason}
+
+    def to_json(self) -> str:
+        """The plan as JSON text (see to_dict)."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mapping[str, Any]) -> Row:
+    """Predict one option's peak per GPU and its host memory under a DeepSpeed config, and whether both fit."""
+    zero = ds_config.get("zero_optimization") or {}
+    gpu, host = memory.model_states(stage, shape.total_params, shape.largest_layer_params, setup.gpus_per_node,
+                                    setup.nodes)
+    terms = {
+        "model_states": gpu,
+        "activations": memory.activation_bytes(shape, setup.micro_batch, setup.max_length,
+                                               setup.gradient_checkpointing, setup.liger_kernels),
+        "logits": memory.logits_bytes(shape, setup.micro_batch, setup.max_length),
+        "buckets": memory.bucket_bytes(stage, shape.hidden_size, zero),
+        "optimizer_step": memory.optimizer_step_bytes(stage, shape.total_params, setup.total_gpus, zero),
+        "accumulation": memory.accumulation_bytes(stage, shape.total_params, setup.total_gpus, setup.grad_accum),
+    }
+    backward = terms["activations"] + terms["logits"] + terms["buckets"]
+    unmargined = (terms["model_states"] + terms["accumulation"]
+                  + memory.busiest_phase(stage, backward, terms["optimizer_step"]))
+    margin = memory.margin_bytes(unmargined)
+    peak = unmargined + margin
+    fits_gpu = peak <= setup.gpu_budget
+    fits_host = None
+    if stage.offload and setup.host_memory_gib is not None:
+        fits_host = host <= setup.host_memory_gib * GIB
+    why = _why(stage, peak, host, fits_gpu, fits_host, setup)
+    return Row(option=stage.name, **terms, margin=margin, peak=peak, host=host, fits_gpu=fits_gpu,
+               fits_host=fits_host, why=why)
+
+
+def _why(stage: Stage, peak: int, host: int, fits_gpu: bool, fits_host: bool | None, setup: Setup) -> str:
+    gpu = (f"{gib(peak):.2f} GiB per GPU of {gib(setup.gpu_budget):.2f} allowed "
+           f"({setup.gpu_memory_gib:g} less {GPU_FREE_FRACTION:.0%} kept free)")
+    if fits_host is False:
+        verdict = "fits the GPU, " if fits_gpu else "too big for the GPU and the host: "
+        return (f"{verdict}{gpu}, but needs {gib(host):.2f} GiB of host RAM per node (DeepSpeed's estimate), "
+                f"{setup.host_memory_gib:g} available")
+    why = ("fits: " if fits_gpu else "too big for the GPU: ") + gpu
+    if stage.offload and fits_host is None:
+        why += f"; needs {gib(host):.2f} GiB of host RAM per node; host RAM not given, not checked"
+    return why
+
+
+def choose(rows: tuple[Row, ...], setup: Setup) -> tuple[str | None, str]:
+    """The first option in PREFERENCE order that fits, and the reason; (None, why not) if none fits."""
+    by_option = {r.option: r for r in rows}
+    for option in stages.PREFERENCE:
+        r = by_option.get(option)
+        if r is not None and r.fits:
+            return option, f"{stages.get(option).label}, the lowest option that {r.why}"
+    gpus = f"{setup.total_gpus} x {setup.gpu_memory_gib:g} GiB"
+    host = "" if setup.host_memory_gib is None else f" with {setup.host_memory_gib:g} GiB of host RAM"
+    return None, f"nothing fits on {gpus}{host}: " + " | ".join(
+        f"{stages.get(r.option).label}: {r.why}" for r in rows)
+
+
+def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float, nodes: int = 1,
+                    micro_batch: int = 1, max_length: int = 2048, gradient_checkpointing: bool = True,
+                    host_memory_gib: float | None = None,
+                    ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1,
+                    liger_kernels: bool = False) -> Plan:
+    """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config
+    (default: the shipped ones)."""
+    problems = [f"{name}={value!r}: expected at least 1" for name, value in
+                (("gpus_per_node", gpus_per_node), ("nodes", nodes), ("micro_batch", micro_batch),
+                 ("max_length", max_length), ("grad_accum", grad_accum)) if value < 1]
+    if gpu_memory_gib <= 0:
+        problems.append(f"gpu_memory_gib={gpu_memory_gib!r}: expected more than 0")
+    if problems:
+        raise ValueError("; ".join(problems))
+    setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
+                  host_memory_gib, grad_accum, liger_kernels)
+    configs = ds_configs or {}
+    rows = tuple(estimate_row(s, shape, setup, configs.get(s.name) or stages.shipped_config(s.name))
+                 for s in stages.TABLE)
+    choice, reason = choose(rows, setup)
+    return Plan(shape=shape, setup=setup, rows=rows, choice=choice, reason=reason)
+
+
+def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, **kwargs: Any) -> Plan:
+    """Plan for a model folder or Hub name (reads config.json only); kwargs as plan_from_shape's."""
+    return plan_from_shape(model_shape(model), gpus_per_node, gpu_memory_gib, **kwargs)
+
+
+def format_table(p: Plan) -> str:
+    """The plan as a table for people."""
+    s, m = p.setup, p.shape
+    ckpt = "on" if s.gradient_checkpointing else "off"
+    host = "not given" if s.host_memory_gib is None else f"{s.host_memory_gib:g} GiB"
+    lines = [
+        f"{m.name}: {m.total_params:,} parameters, largest layer {m.largest_layer_params:,}",
+        (f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {s.gpu_memory_gib:g} GiB "
+         f"({gib(s.gpu_budget):.2f} allowed), host RAM {host}; micro-batch {s.micro_batch} x "
+         f"accumulation {s.grad_accum}, {s.max_length} tokens, gradient checkpointing {ckpt}, "
+         f"Liger kernels {'on' if s.liger_kernels else 'off'}"),
+        "",
+        (f"{'GiB per GPU':<19}{'states':>8}{'activ':>8}{'logits':>8}{'buckets':>8}{'step':>7}{'accum':>7}"
+         f"{'margin':>8}{'peak':>8}{'host':>9}  fits"),
+    ]
+    for r in p.rows:
+        fits = "yes" if r.fits else "no (host)" if r.fits_gpu else "no"
+        lines.append(f"{stages.get(r.option).label:<19}{gib(r.model_states):>8.2f}{gib(r.activations):>8.2f}"
+                     f"{gib(r.logits):>8.2f}{gib(r.buckets):>8.2f}{gib(r.optimizer_step):>7.2f}"
+                     f"{gib(r.accumulation):>7.2f}{gib(r.margin):>8.2f}{gib(r.peak):>8.2f}"
+                     f"{gib(r.host):>9.2f}  {fits}")
+    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin",
+              "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
+              "host: DeepSpeed's estimate of CPU memory per node; checked against the host for offload only",
+              "", f"choice: {stages.get(p.choice).label if p.choice else 'none'}", p.reason]
+    return "\n".join(lines)

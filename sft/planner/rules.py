@@ -1,0 +1,93 @@
+"""The decision's rules, each a pure function of settings and facts that returns its choice and the reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .. import exitcodes
+from ..handoff import Split
+from ..settings import Settings
+from ..units import GIB
+from .inputs import CannotRun, Inputs, Machine, Ranks
+
+BATCH_SEARCH_TRIES = 3  # splits timed at most: each loads the model once more
+
+
+def choose_ranks(s: Settings, machine: Machine) -> tuple[Ranks, str]:
+    """One rank per selected GPU; on a machine with no GPU, SFT_CPU_RANKS ranks on CPU (raises CannotRun)."""
+    visible = len(machine.gpus)
+    if visible == 0:
+        ignored = f"; SFT_GPUS={s.gpus} ignored: this machine has no GPU" if s.gpus != "all" else ""
+        return Ranks(s.cpu_ranks, (), machine.nodes), f"{s.cpu_ranks} CPU rank(s) on gloo (SFT_CPU_RANKS){ignored}"
+    if s.gpus == "all":
+        return Ranks(visible, tuple(range(visible)), machine.nodes), f"every GPU this process sees ({visible})"
+    chosen = tuple(int(g) for g in s.gpus.split(","))
+    missing = [g for g in chosen if g >= visible]
+    if missing:
+        raise CannotRun(f"SFT_GPUS={s.gpus!r}: this machine shows {visible} GPU(s) (0-{visible - 1}); no GPU "
+                        f"{', '.join(map(str, missing))}", exitcodes.BAD_SETTINGS)
+    return Ranks(len(chosen), chosen, machine.nodes), f"GPUs {s.gpus} (SFT_GPUS)"
+
+
+def attention(s: Settings, ranks: Ranks) -> tuple[str, str]:
+    if s.attention != "auto":
+        return s.attention, f"{s.attention} (SFT_ATTENTION)"
+    if ranks.on_gpu:
+        return "flex_attention", ("flex_attention, auto on GPUs: its block mask skips the other sequences of a "
+                                  "packed row")
+    return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
+
+
+def liger(s: Settings, ranks: Ranks, machine: Machine) -> tuple[bool, str]:
+    if s.liger_kernels != "auto":
+        return s.liger_kernels == "true", f"{s.liger_kernels} (SFT_LIGER_KERNELS)"
+    if not ranks.on_gpu:
+        return False, "off, auto on CPU: Liger's kernels are Triton, GPU only"
+    if not machine.liger_installed:
+        return False, "off, auto: liger-kernel or Triton is not installed"
+    return True, "on, auto on GPUs with liger-kernel installed (less activation memory, fused kernels)"
+
+
+def stage_source(inputs: Inputs) -> str | None:
+    """Who fixed the stage (a user's file, a checkpoint, SFT_ZERO_STAGE); None: auto picks it."""
+    s = inputs.settings
+    if inputs.user_config is not None:
+        return "SFT_DS_CONFIG"
+    if inputs.record is not None:
+        return "the checkpoint resumed"
+    return None if s.zero_stage == "auto" else "SFT_ZERO_STAGE"
+
+
+def pin_memory_rule(memlock_bytes: int | None, offload: bool | None, pinned_bytes: int | None) -> tuple[bool, str]:
+    """Whether offload may pin host memory, which counts against `ulimit -l` (None: unlimited); offload
+    None: not known yet (`doctor` without a model)."""
+    if memlock_bytes is None:
+        return True, "ulimit -l unlimited: pinned memory allowed"
+    shown = f"ulimit -l is {memlock_bytes // 1024} KiB"
+    if offload is False:
+        return True, f"{shown}: no offload, nothing large is pinned"
+    if pinned_bytes is not None and memlock_bytes >= pinned_bytes:
+        return True, f"{shown}: enough for {pinned_bytes / GIB:.1f} GiB pinned"
+    need = f" (about {pinned_bytes / GIB:.1f} GiB here)" if pinned_bytes else ""
+    return False, (f"{shown}: offload pins the optimizer state in host memory{need}, which counts against it, so "
+                   "pin_memory will be turned off (slower host-GPU copies). To keep it: docker run --ulimit memlock=-1")
+
+
+def batch_candidates(rows: int, checkpointing: tuple[bool, ...], fits: Callable[[int, bool], bool],
+                     every: bool) -> list[Split]:
+    """Splits of `rows` per step worth timing, most rows per pass first, at most BATCH_SEARCH_TRIES. Each
+    micro-batch comes with the first checkpointing choice that `fits` (the planner) allows, off before
+    on: at the same micro-batch, recomputing only costs time.
+
+    every=False (SFT_BATCH_SEARCH=auto): only the splits that can be the fastest. At the same
+    checkpointing more rows per pass measured faster every time (docs/speed.md), so of each
+    checkpointing choice only its largest micro-batch is kept; what is left to time is a larger
+    micro-batch with checkpointing against a smaller one without, which no memory rule decides.
+    every=True: each split that fits."""
+    found: list[Split] = []
+    for mb in (m for m in range(rows, 0, -1) if rows % m == 0):
+        choice = next((c for c in checkpointing if fits(mb, c)), None)
+        if choice is None or (not every and any(f.gradient_checkpointing == choice for f in found)):
+            continue
+        found.append(Split(mb, rows // mb, choice))
+    return found[:BATCH_SEARCH_TRIES]

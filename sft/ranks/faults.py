@@ -1,0 +1,26 @@
+"""The one seam where tests inject faults into a rank: a machine with no GPU cannot run out of GPU memory,
+so the controller's answers to it (escalation, the batch search passing a split over) are tested end to
+end by raising the real error here. Read from SFTTEST_* variables, which no user sets."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..handoff import RunSpec
+
+
+def inject(spec: RunSpec) -> None:
+    """In a probe: raise torch's OutOfMemoryError for the stages in SFTTEST_OOM_STAGES and the micro-batches
+    in SFTTEST_OOM_MICRO_BATCHES (comma-separated)."""
+    if spec.mode != "probe":
+        return
+    if spec.stage in _listed("SFTTEST_OOM_STAGES"):
+        raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for ZeRO {spec.stage} by SFTTEST_OOM_STAGES)")
+    if str(spec.micro_batch) in _listed("SFTTEST_OOM_MICRO_BATCHES"):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated for this micro-batch by SFTTEST_OOM_MICRO_BATCHES)")
+
+
+def _listed(variable: str) -> list[str]:
+    return os.environ.get(variable, "").split(",")

@@ -1,0 +1,148 @@
+"""What every rank runs: TRL's SFTTrainer on DeepSpeed, as the seed's sft_ds.py does.
+
+Started by the launcher (torchrun or deepspeed), never by hand:
+    python -m sft.ranks.train RUN_SPEC.json
+The controller writes RUN_SPEC.json (a RunSpec); each rank writes a RankReport back, however it ends.
+Exit codes of a rank: 0 done (or stopped on request, said in the report), exitcodes.RANK_OOM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import exitcodes
+from ..handoff import RankReport, RunSpec
+from ..lifeline import die_with_parent
+from . import faults
+from .progress import ProgressCallback, StopRequest
+
+
+def main(spec_path: str) -> int:
+    die_with_parent()  # a rank whose launcher was killed must not train on alone
+    spec = RunSpec.load(Path(spec_path))
+    on_gpu = _setup_distributed(spec.node_timeout_seconds)
+    stop = StopRequest(Path(spec.stop_file))
+    signal.signal(signal.SIGTERM, stop.on_signal)
+    report = RankReport(mode=spec.mode)
+    try:
+        trainer = build_trainer(spec, on_gpu, stop, report)
+        faults.inject(spec)
+        _reset_peak_memory(on_gpu)
+        result = trainer.train(resume_from_checkpoint=spec.resume)
+        _results(report, trainer, result, stop)
+        if spec.mode == "train" and not stop.requested:
+            trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
+    except Exception as e:  # every failure is reported to the controller, then re-raised
+        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+        report.status, report.error = ("oom" if oom else "failed"), f"{type(e).__name__}: {e}"
+        if oom:
+            return _finish(spec, report, on_gpu, exitcodes.RANK_OOM)
+        _finish(spec, report, on_gpu, 1)
+        raise
+    report.status = "stopped" if stop.requested else "done"
+    return _finish(spec, report, on_gpu, 0)
+
+
+def _setup_distributed(timeout_s: int) -> bool:
+    """Make the process state before the Trainer's arguments, or ranks disagree on the world size on CPU."""
+    if torch.cuda.is_available():
+        return True  # the Trainer makes it, with ddp_timeout
+    # On CPU the Trainer + DeepSpeed need the gloo state made first, and then told to use it (docs/facts.md).
+    from datetime import timedelta
+
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    PartialState(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return False
+
+
+def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankReport):
+    """SFTTrainer on the run's data, with a callback that times steps and watches for a stop."""
+    from trl import SFTTrainer
+
+    from ..data import load_conversations
+    from .trainer import trainer_arguments
+
+    config = trainer_arguments(spec, on_gpu)
+    dataset = load_conversations(spec.dataset, spec.dataset_split)
+    # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
+    # offline, with liger-kernel installed, so its warning would only repeat on every rank.
+    warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
+    callback = ProgressCallback(stop, report, spec.record)
+    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, callbacks=[callback])
+    callback.trainer = trainer
+    # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
+    batches = len(trainer.get_train_dataloader())
+    report.steps_per_epoch = max(math.ceil(batches / spec.grad_accum), 1)
+    report.conversations = len(dataset)
+    if int(os.environ.get("RANK", "0")) == 0:
+        # What DeepSpeed was given, "auto" values filled by the Trainer (the rest fill at deepspeed_init).
+        Path(spec.report_dir).mkdir(parents=True, exist_ok=True)
+        (Path(spec.report_dir) / f"{spec.mode}-ds_config.json").write_text(
+            json.dumps(config.hf_deepspeed_config.config, indent=2, default=str))
+    return trainer
+
+
+def _results(report: RankReport, trainer, result, stop: StopRequest) -> None:
+    report.global_step = trainer.state.global_step
+    report.train_runtime = result.metrics.get("train_runtime")
+    report.train_loss = result.metrics.get("train_loss")
+    report.num_tokens = int(getattr(trainer, "_total_train_tokens", 0))
+    report.log_history = trainer.state.log_history
+    report.stopped = stop.requested
+
+
+def _reset_peak_memory(on_gpu: bool) -> None:
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()  # alloc_retries counts the training's, not the loading's
+
+
+def _memory(report: RankReport, on_gpu: bool) -> None:
+    import resource
+
+    if not on_gpu:  # the closest figure: the process's peak resident memory (ru_maxrss is in KiB on Linux)
+        report.device, report.peak_reserved_bytes = "cpu", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return
+    report.device = torch.cuda.get_device_name()
+    report.peak_reserved_bytes = torch.cuda.max_memory_reserved()
+    report.peak_allocated_bytes = torch.cuda.max_memory_allocated()
+    report.total_bytes = torch.cuda.get_device_properties(0).total_memory
+    # times the caching allocator freed its cache to satisfy a request: each one stalls the step
+    report.alloc_retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+
+
+def _finish(spec: RunSpec, report: RankReport, on_gpu: bool, code: int) -> int:
+    report.rank, report.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    _memory(report, on_gpu)
+    report.save(RankReport.path(Path(spec.report_dir), spec.mode, report.rank))
+    if code == 0 and dist.is_initialized():
+        # Without this a rank aborts at exit and the launcher reports failure (docs/facts.md).
+        dist.destroy_process_group()
+    return code
+
+
+def _entry(argv: list[str]) -> Any:
+    # The deepspeed launcher adds --local_rank=N (also in LOCAL_RANK, which is what the Trainer reads).
+    return main(next(a for a in argv if not a.startswith("--")))
+
+
+if __name__ == "__main__":
+    code = _entry(sys.argv[1:])
+    # The report is written and the process group destroyed: leave without the interpreter's teardown,
+    # where a library thread still running now and then aborts the rank ("terminate called without an
+    # active exception"), which the launcher reports as a failed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,102 @@
+"""TRL's SFTTrainer as the seed's sft_ds.py builds it, from the RunSpec the controller decided.
+
+Also used outside the ranks: `entrypoint.py config` builds the same arguments to show the DeepSpeed
+JSON the Trainer fills, and the settings refuse, in SFT_TRAINER_ARGS, every argument in OWNED_ARGS.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from ..handoff import RunSpec
+
+# SFTConfig arguments the job sets itself (job_arguments), and the setting a user changes instead:
+# SFT_TRAINER_ARGS may not name them (tests/test_trainer.py keeps this list equal to what is set).
+OWNED_ARGS = {
+    "output_dir": "SFT_OUTPUT_DIR", "deepspeed": "SFT_DS_CONFIG or SFT_ZERO_STAGE",
+    "per_device_train_batch_size": "SFT_MICRO_BATCH", "gradient_accumulation_steps": "SFT_GRAD_ACCUM",
+    "max_length": "SFT_MAX_LENGTH", "packing": "SFT_PACKING", "num_train_epochs": "SFT_EPOCHS",
+    "max_steps": "SFT_MAX_STEPS", "learning_rate": "SFT_LEARNING_RATE", "bf16": "SFT_PRECISION",
+    "fp16": "SFT_PRECISION", "activation_checkpointing": "SFT_GRADIENT_CHECKPOINTING",
+    "gradient_checkpointing": "SFT_GRADIENT_CHECKPOINTING", "logging_steps": "SFT_LOGGING_STEPS",
+    "logging_first_step": "the job (the probe times every step from the first)",
+    "save_strategy": "SFT_SAVE_STEPS", "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT",
+    "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "the job (it reports to no tracker yet)",
+    "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "use_liger_kernel": "SFT_LIGER_KERNELS",
+    "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
+    "accelerator_config": "the job (the ranks' process group)",
+    # the job uploads, and the token stays out of every file (training_args.bin pickles these arguments)
+    "hub_token": "HF_TOKEN in the environment", "push_to_hub": "SFT_HUB_REPO", "hub_model_id": "SFT_HUB_REPO",
+    "hub_strategy": "SFT_UPLOAD_MINUTES", "hub_private_repo": "SFT_HUB_REPO (always private)",
+    # a resume needs the whole DeepSpeed state, and the job decides where it resumes from
+    "save_only_model": "the job (a resume needs the optimizer state)",
+    "resume_from_checkpoint": "the job (it resumes by itself)",
+}
+
+
+def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str, Any]:
+    """The SFTConfig arguments the job decides, as the seed sets them."""
+    import torch
+
+    probe = spec.mode == "probe"
+    return dict(
+        output_dir=spec.output_dir,
+        deepspeed=spec.ds_config,  # set before the model loads, so ZeRO-3 shards it while loading
+        per_device_train_batch_size=spec.micro_batch,
+        gradient_accumulation_steps=spec.grad_accum,
+        max_length=spec.max_length,
+        packing=spec.packing,  # best-fit decreasing, padding-free: position_ids restart per conversation
+        num_train_epochs=spec.epochs,
+        max_steps=spec.max_steps,
+        learning_rate=spec.learning_rate,
+        bf16=spec.bf16,
+        # transformers 5's name; TRL's config still defaults the deprecated alias gradient_checkpointing to True,
+        # which transformers then overwrites with this value (and warns about when this one is unset)
+        activation_checkpointing=spec.gradient_checkpointing,
+        logging_steps=1 if probe else spec.logging_steps,
+        logging_first_step=True,
+        save_strategy="no" if probe else "steps",  # a timing run writes no checkpoint
+        save_steps=spec.save_steps,
+        save_total_limit=spec.save_total_limit,
+        seed=spec.seed,
+        data_seed=spec.seed,
+        report_to="none",
+        # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
+        ddp_timeout=spec.node_timeout_seconds,
+        use_liger_kernel=spec.liger_kernels,  # TRL applies the layer kernels only (its fused LM head stays)
+        model_init_kwargs={"dtype": torch.bfloat16 if spec.bf16 else torch.float32,
+                           "attn_implementation": spec.attention},
+        # On CPU ranks the Trainer must use the gloo state train.py made (docs/facts.md).
+        accelerator_config={"use_configured_state": in_rank and not on_gpu},
+    )
+
+
+def trainer_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True):
+    """SFTConfig: the job's arguments and the user's SFT_TRAINER_ARGS (checked in settings: none of the job's)."""
+    from trl import SFTConfig
+
+    return SFTConfig(**job_arguments(spec, on_gpu, in_rank), **spec.trainer_args)
+
+
+def filled_ds_config(config: dict[str, Any], args: Any, world_size: int, model_config: Any,
+                     total_steps: int) -> dict[str, Any]:
+    """The config with every "auto" filled as the Trainer fills it, by transformers' own code.
+
+    `args` is the run's SFTConfig made without a DeepSpeed config (so no process group starts here);
+    its world size is this process's, so the run's is given.
+    """
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    class _RunArgs:
+        def __init__(self):
+            self.world_size = world_size
+
+        def __getattr__(self, name):
+            return getattr(args, name)
+
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    hf.trainer_config_process(_RunArgs())
+    hf.trainer_config_finalize(_RunArgs(), SimpleNamespace(config=model_config), total_steps)
+    return hf.config

@@ -1,0 +1,190 @@
+"""Every subcommand as a user runs it: with no SFT_ variable at all (the image's defaults), and with a
+DeepSpeed file of their own (the seed guide's ds_zero3_offload.json). Each ends with its answer or one
+clear line, never a traceback. The default model, Qwen/Qwen3-8B, is its real config.json placed in the
+Hugging Face cache, as a machine that had read it once holds it: no network here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import Qwen3Config
+
+from conftest import DEMO_DATA, DEMO_MODEL, REPO, clean_environ, read_summary
+
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+SEED_OFFLOAD = {
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+                          "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto",
+                          "stage3_gather_16bit_weights_on_model_save": True,
+                          "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+    "gradient_clipping": "auto", "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+    "gradient_accumulation_steps": "auto"}
+
+
+def cached_default_model(hf_home: Path) -> None:
+    """Qwen/Qwen3-8B's config.json in the Hub cache layout huggingface_hub reads offline."""
+    repo = hf_home / "hub" / "models--Qwen--Qwen3-8B"
+    commit = "0" * 40
+    Qwen3Config(**QWEN3_8B).save_pretrained(repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+@pytest.fixture
+def no_settings(tmp_path) -> tuple[dict[str, str], Path]:
+    """No SFT_ variable at all; the default model cached; a working folder for the default output/."""
+    env = clean_environ(tmp_path)
+    cached_default_model(Path(env["HF_HOME"]))
+    work = tmp_path / "work"
+    work.mkdir()
+    return env, work
+
+
+def entrypoint(env: dict[str, str], cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "entrypoint.py"), *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_clear_line(result: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+# -- no SFT_ variable at all ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "probe"])
+def test_run_and_probe_with_no_settings_stop_at_the_plan_on_this_machine(no_settings, command):
+    env, work = no_settings
+    result = entrypoint(env, work, command)
+    one_clear_line(result)
+    # Qwen3-8B on two CPU ranks of this small machine: the decision says so, before any rank starts
+    assert result.returncode == 3, result.stdout[-3000:]
+    assert "error: no ZeRO option fits this machine: nothing fits on 2 x" in result.stdout
+    summary = read_summary(work / "output")
+    assert summary["status"] == "preflight failed" and summary["exit_code"] == 3
+    assert not list((work / "output").glob("checkpoint-*"))
+
+
+def test_config_with_no_settings(no_settings):
+    env, work = no_settings
+    result = entrypoint(env, work, "config")
+    one_clear_line(result)
+    assert result.returncode == 3 and "no ZeRO option fits this machine" in result.stderr
+
+
+def test_plan_with_no_settings(no_settings):
+    env, work = no_settings
+    result = entrypoint(env, work, "plan", "--gpus", "8", "--gpu-memory", "79.25", "--json")
+    one_clear_line(result)
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = json.loads(result.stdout)
+    assert plan["choice"] == "2" and plan["decision"]["stage"] == "2"
+    assert plan["model"]["name"] == "Qwen/Qwen3-8B"
+
+
+def test_doctor_with_no_settings(no_settings):
+    env, work = no_settings
+    result = entrypoint(env, work, "doctor")
+    one_clear_line(result)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert "the run's needs are unknown (no ZeRO option fits" in result.stdout
+    for name in ("gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology", "allreduce"):
+        assert f"] {name}" in result.stdout
+
+
+def test_export_of_a_folder_that_is_not_a_checkpoint(no_settings):
+    env, work = no_settings
+    usage = entrypoint(env, work, "export")
+    assert usage.returncode == 2 and "Missing argument 'CHECKPOINT'" in usage.stderr
+    result = entrypoint(env, work, "export", str(DEMO_MODEL), str(work / "fp32"))
+    one_clear_line(result)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"error: {DEMO_MODEL} is not a checkpoint of this job (no latest): give an "
+                                     "OUTPUT/checkpoint-N folder the Trainer and DeepSpeed wrote")
+
+
+def test_a_model_that_cannot_be_read_is_one_line(tmp_path):
+    env = clean_environ(tmp_path)  # offline, nothing cached
+    result = entrypoint(env, tmp_path, "config")
+    one_clear_line(result)
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: SFT_MODEL='Qwen/Qwen3-8B': cannot read its config.json (")
+
+
+# -- the tiny model with auto settings, and with the user's own DeepSpeed file -----------------
+
+
+def demo(tmp_path: Path, **settings: str) -> dict[str, str]:
+    env = clean_environ(tmp_path)
+    env.update(SFT_MODEL=str(DEMO_MODEL), SFT_DATASET=str(DEMO_DATA), SFT_OUTPUT_DIR=str(tmp_path / "out"),
+               **{f"SFT_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+def test_config_decides_auto_as_the_run_would(tmp_path):
+    """Before: `config` with SFT_ZERO_STAGE=auto (the default) failed with KeyError: 'auto'."""
+    result = entrypoint(demo(tmp_path), tmp_path, "config")
+    one_clear_line(result)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = json.loads(result.stdout)
+    assert shown["decision"]["stage"] == "2" and shown["reasons"]["stage"].startswith("auto: ZeRO-2")
+    assert shown["deepspeed"]["zero_optimization"]["stage"] == 2
+    assert shown["deepspeed"]["train_micro_batch_size_per_gpu"] == 4  # "auto" filled as the Trainer fills it
+
+
+@pytest.fixture
+def offload_config(tmp_path) -> Path:
+    path = tmp_path / "ds_zero3_offload.json"
+    path.write_text(json.dumps(SEED_OFFLOAD))
+    return path
+
+
+def test_config_and_plan_with_a_users_offload_file(tmp_path, offload_config):
+    env = demo(tmp_path, ds_config=str(offload_config))
+    shown = json.loads(entrypoint(env, tmp_path, "config").stdout)
+    assert shown["decision"]["stage"] == "3-offload" and shown["decision"]["offload"] is True
+    assert shown["deepspeed"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    planned = entrypoint(env, tmp_path, "plan", "--gpus", "1", "--gpu-memory", "80")
+    one_clear_line(planned)
+    assert "stage: ZeRO-3-offload, as your DeepSpeed file says (SFT_DS_CONFIG)" in planned.stdout
+
+
+def test_doctor_preflights_a_users_offload_file_as_offload(tmp_path, offload_config):
+    """Before: the seed's offload file was preflighted as no offload: host RAM 'info', disk not checked."""
+    result = entrypoint(demo(tmp_path, ds_config=str(offload_config)), tmp_path, "doctor")
+    one_clear_line(result)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert "with ZeRO-3-offload on 2 rank(s)" in result.stdout
+    lines = {line.split("]")[1].split()[0]: line for line in result.stdout.splitlines() if line.startswith("[")}
+    assert "offload needs" in lines["host_memory"] and lines["host_memory"].startswith("[ok")
+    assert "for 3 checkpoints of" in lines["disk"]
+    assert "no offload" not in lines["memlock"]
+
+
+@pytest.mark.slow
+def test_probe_and_run_with_a_users_offload_file(tmp_path, offload_config):
+    env = demo(tmp_path, ds_config=str(offload_config), probe_steps="3", max_steps="4", save_steps="4",
+               max_length="128", precision="fp32")
+    probed = entrypoint(env, tmp_path, "probe")
+    one_clear_line(probed)
+    assert probed.returncode == 0, probed.stdout[-3000:]
+    summary = read_summary(tmp_path / "out")
+    assert summary["status"] == "probed" and summary["stage"] == "3-offload"
+    host = next(c for c in summary["preflight"] if c["name"] == "host_memory")
+    assert "offload needs" in host["message"]
+    result = entrypoint(env, tmp_path, "run")
+    assert result.returncode == 0, result.stdout[-3000:]
+    summary = read_summary(tmp_path / "out")
+    assert summary["status"] == "done" and summary["stage"] == "3-offload"
+    used = json.loads((tmp_path / "out" / "run" / "ds_config.json").read_text())
+    assert used["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert (tmp_path / "out" / "final" / "config.json").is_file()

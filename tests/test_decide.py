@@ -1,0 +1,170 @@
+"""The decision as a table of cases: settings + machine + checkpoint record -> every choice, with its reason.
+Pure: no file, no GPU, no rank is started."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from sft import exitcodes, stages
+from sft.handoff import CheckpointRecord, Split
+from sft.planner import decide
+from sft.planner.inputs import GPU, CannotRun, Inputs, Machine
+from sft.planner.shape import ModelShape
+from sft.settings import Settings
+
+GIB = 2**30
+Q4 = ModelShape("Qwen3-4B", 4_022_468_096, 388_956_160, 2560, 9728, 36, 32, 8, 128, 151936, qk_norm=True)
+Q8 = ModelShape("Qwen3-8B", 8_190_735_360, 622_329_856, 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True)
+TINY = ModelShape("tiny", 120_000, 32_000, 64, 128, 2, 4, 2, 16, 500)
+H200 = GPU("NVIDIA H200", int(140.4 * GIB))
+ONE_H200 = Machine(gpus=(H200,), host_memory_bytes=120 * GIB, memlock_bytes=None, liger_installed=True)
+CPU_HOST = Machine(gpus=(), host_memory_bytes=20 * GIB, memlock_bytes=8 * 2**20, liger_installed=False)
+SEED_OFFLOAD = stages.shipped_config("3-offload")  # the seed guide's ds_zero3_offload.json, verbatim
+
+
+def decided(shape=Q4, machine=ONE_H200, record=None, user_config=None, **settings):
+    return decide.decide(Inputs(Settings(**settings), machine, shape, record, user_config))
+
+
+def split_of(d) -> tuple[int, int, bool]:
+    return d.split.micro_batch, d.split.grad_accum, d.split.gradient_checkpointing
+
+
+def test_the_defaults_on_one_h200():
+    d = decided()
+    assert (d.stage.name, d.bf16, d.attention, d.liger, d.pin_memory, d.launcher) == (
+        "2", True, "flex_attention", True, True, "torchrun")
+    assert split_of(d) == (4, 1, False) and d.search == () and not d.searched
+    assert d.reasons["stage"].startswith("auto: ZeRO-2, the lowest option that fits")
+    assert d.reasons["gradient_checkpointing"].startswith("off, auto: ZeRO-2 fits without it")
+    assert "nothing to time" in d.reasons["batch_search"]
+    assert d.ds_config == stages.shipped_config("2") and d.row == d.plan.row("2")
+    assert set(d.reasons) >= {"ranks", "precision", "attention", "liger", "stage", "split", "pin_memory",
+                              "gradient_checkpointing", "batch_search", "launcher"}
+
+
+def test_an_explicit_stage_is_kept_even_where_auto_would_pick_another():
+    d = decided(zero_stage="3")
+    assert d.stage.name == "3" and d.reasons["stage"] == "ZeRO-3 (SFT_ZERO_STAGE)"
+    assert d.ds_config == stages.shipped_config("3")
+
+
+def test_a_users_deepspeed_file_decides_the_stage_and_its_offload():
+    d = decided(ds_config="/x/ds_zero3_offload.json", user_config=SEED_OFFLOAD)
+    assert (d.stage.name, d.offload) == ("3-offload", True)
+    assert d.reasons["stage"] == "ZeRO-3-offload, as your DeepSpeed file says (SFT_DS_CONFIG)"
+    assert d.row.host > 0 and d.pin_memory  # ulimit -l unlimited
+    plain = copy.deepcopy(stages.shipped_config("2"))
+    plain["zero_optimization"]["reduce_bucket_size"] = 5e7
+    mine = decided(ds_config="/x/mine.json", user_config=plain)
+    assert (mine.stage.name, mine.offload, mine.ds_config) == ("2", False, plain)
+    assert mine.row.buckets < mine.plan.row("2").buckets  # planned with the user's buckets, not the shipped
+
+
+def test_offload_with_a_low_memlock_turns_pin_memory_off_in_the_config():
+    machine = Machine(gpus=(H200,), host_memory_bytes=120 * GIB, memlock_bytes=64 * 1024)
+    d = decided(machine=machine, ds_config="/x/offload.json", user_config=SEED_OFFLOAD)
+    assert d.pin_memory is False and "pin_memory will be turned off" in d.reasons["pin_memory"]
+    assert d.ds_config["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+    assert SEED_OFFLOAD["zero_optimization"]["offload_optimizer"]["pin_memory"] is True  # not changed in place
+    assert decided(machine=machine).pin_memory is True  # ZeRO-2 pins nothing large
+
+
+def test_a_resume_keeps_the_checkpoints_stage_and_split():
+    record = CheckpointRecord("3", 1, Split(2, 2, True))
+    d = decided(record=record)
+    assert d.stage.name == "3" and d.reasons["stage"] == "ZeRO-3 (the checkpoint resumed)"
+    assert split_of(d) == (2, 2, True) and d.searched and d.search == ()
+    assert d.record() == record
+    plain = decided(record=CheckpointRecord("2", 1))
+    assert split_of(plain) == (4, 1, False) and not plain.searched  # auto checkpointing decides again
+
+
+def test_a_resume_on_another_number_of_ranks_cannot_run():
+    with pytest.raises(CannotRun) as e:
+        decided(record=CheckpointRecord("2", 2))
+    assert e.value.exit_code == exitcodes.PREFLIGHT
+    assert "written by 2 ranks and this start has 1" in str(e.value)
+
+
+def test_a_cpu_host_runs_cpu_ranks_and_says_sft_gpus_is_ignored():
+    d = decided(shape=TINY, machine=CPU_HOST, gpus="0,1")
+    assert (d.ranks.count, d.ranks.gpus, d.bf16, d.attention, d.liger) == (2, (), False, "sdpa", False)
+    assert "SFT_GPUS=0,1 ignored: this machine has no GPU" in d.reasons["ranks"]
+    assert d.search == ()  # auto searches on GPUs only
+    searched = decided(shape=TINY, machine=CPU_HOST, batch_search="true")
+    assert searched.search == (Split(4, 1, False), Split(2, 2, False), Split(1, 4, False))
+
+
+def test_sft_gpus_naming_a_gpu_that_is_not_there():
+    with pytest.raises(CannotRun) as e:
+        decided(gpus="0,5")
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS and "no GPU 5" in str(e.value)
+    assert decided(machine=Machine(gpus=(H200,) * 4), gpus="1,3").ranks.gpus == (1, 3)
+
+
+def test_several_nodes_shard_over_every_rank():
+    machine = Machine(gpus=(H200,) * 2, host_memory_bytes=200 * GIB, nodes=2)
+    d = decided(shape=Q8, machine=machine)
+    assert (d.ranks.count, d.ranks.nodes, d.ranks.world) == (2, 2, 4)
+    assert d.plan.setup.total_gpus == 4 and d.record().world_size == 4
+
+
+def test_nothing_fits_says_why_with_the_plan():
+    small = Machine(gpus=(GPU("small", 8 * GIB),), host_memory_bytes=16 * GIB)
+    with pytest.raises(CannotRun) as e:
+        decided(shape=Q8, machine=small)
+    assert e.value.exit_code == exitcodes.PREFLIGHT and e.value.plan is not None
+    assert str(e.value).startswith("no ZeRO option fits this machine: nothing fits on 1 x 8 GiB")
+
+
+def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
+    # Qwen3-8B on 2 H200s: 4 rows per pass fit only with checkpointing; fewer rows fit without
+    two = Machine(gpus=(H200,) * 2, host_memory_bytes=200 * GIB)
+    given = Inputs(Settings(), two, Q8)
+    d = decide.decide(given)
+    assert len(d.search) == 2
+    larger, smaller = d.search
+    assert larger.gradient_checkpointing and not smaller.gradient_checkpointing
+    assert larger.micro_batch > smaller.micro_batch and larger.rows == smaller.rows == 4
+    adopted = decide.adopt(given, d, smaller, "the fastest")
+    assert adopted.split == smaller and adopted.searched and adopted.search == ()
+    assert adopted.record().batch == smaller and adopted.reasons["split"] == "the fastest"
+    assert decided(shape=Q8, machine=two, micro_batch=4, batch_search="false").search == ()
+
+
+def test_escalation_turns_checkpointing_on_then_moves_the_stage():
+    given = Inputs(Settings(), ONE_H200, Q4)
+    d = decide.decide(given)
+    on, change = decide.escalate(given, d, "the probe ran out of GPU memory")
+    assert change == "turning gradient checkpointing on" and on.stage.name == "2"
+    assert on.split.gradient_checkpointing and on.row.peak < d.row.peak
+    moved, change = decide.escalate(given, on, "the probe ran out of GPU memory")
+    assert change == "moving to ZeRO 3" and moved.stage.name == "3" and moved.ds_config == stages.shipped_config("3")
+    last = Inputs(Settings(zero_stage="3-offload-all", gradient_checkpointing="true"), ONE_H200, Q4)
+    assert decide.escalate(last, decide.decide(last), "x") == (None, "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH")
+
+
+def test_an_explicit_stage_does_not_escalate_and_names_the_next():
+    given = Inputs(Settings(zero_stage="2", gradient_checkpointing="true"), ONE_H200, Q4)
+    assert decide.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=3")
+
+
+def test_escalating_into_offload_decides_pin_memory_for_it():
+    machine = Machine(gpus=(H200,), host_memory_bytes=120 * GIB, memlock_bytes=64 * 1024)
+    given = Inputs(Settings(gradient_checkpointing="true"), machine, Q4)
+    d = decide.decide(given)
+    while not d.offload:
+        d, _ = decide.escalate(given, d, "oom")
+    assert d.stage.name == "3-offload" and d.pin_memory is False
+    assert d.ds_config["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+
+
+def test_settings_reach_the_decision_unchanged_where_they_are_explicit():
+    d = decided(precision="fp32", attention="sdpa", liger_kernels="false", launcher="deepspeed",
+                gradient_checkpointing="true", micro_batch=2, grad_accum=2, batch_search="false")
+    assert (d.bf16, d.attention, d.liger, d.launcher) == (False, "sdpa", False, "deepspeed")
+    assert split_of(d) == (2, 2, True)
+    assert d.reasons["precision"] == "fp32 (SFT_PRECISION)" and d.reasons["launcher"] == "deepspeed (SFT_LAUNCHER)"
