@@ -1,4 +1,4 @@
-"""The local Hub server (tests/hubserver.py) driven by the real huggingface_hub client.
+"""The local Hub server (tests/hubserver/) driven by the real huggingface_hub client.
 
 Besides checking the server, these tests pin down what the client (2.4.0) does by itself on
 errors: which requests it retries and which surface to the caller. Every request goes to

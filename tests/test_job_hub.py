@@ -1,8 +1,8 @@
 """The whole job with a Hub repo, end to end: entrypoint.py as a subprocess configured only by environment
-variables, two CPU ranks on the demo model, against tests/hubserver.py in its own process (the real
+variables, two CPU ranks on the demo model, against tests/hubserver/ in its own process (the real
 huggingface_hub client speaking HTTP to 127.0.0.1), with faults injected on its requests.
 
-The Hub's state is read from the server's storage on disk (tests/hubserver.py's RepoStore), never
+The Hub's state is read from the server's storage on disk (RepoStore, tests/hubserver/store.py), never
 through the job's own code: commits, their order and dates, the files of every commit.
 
 Each job run takes about 45 s on two cores (most of it start-up: 128 steps train in 6-26 s), so the

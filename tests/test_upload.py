@@ -1,4 +1,4 @@
-"""sft/upload.py against the local Hub server (tests/hubserver.py), through the real huggingface_hub client.
+"""sft/upload.py against the local Hub server (tests/hubserver/), through the real huggingface_hub client.
 
 Checkpoints are folders on disk in the Trainer + DeepSpeed layout (tests/checkpoint_layout.py); the
 interval is a fraction of a second, so every test takes a few seconds and trains nothing.
