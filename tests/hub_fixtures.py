@@ -10,6 +10,8 @@ Use them from a test module or a conftest.py:
 * ``hub_process``: the server as a separate process (``python -m hubserver``), steered over
   HTTP through a ``HubProcess``; what a test of the product's container or CLI needs, together
   with ``client_env(url, hf_home)`` for the environment of the process under test.
+* ``not_yet(predicate)``: one poll of a wait on the server's state, where a repo or branch that does
+  not exist yet reads as False instead of an error.
 
 Tokens: ``hubserver.WRITE_TOKEN`` (alice, write) and ``hubserver.READ_TOKEN`` (alice, read).
 """
@@ -28,14 +30,33 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hubserver import READ_TOKEN, WRITE_TOKEN, HubServer  # noqa: E402
+from hubserver import READ_TOKEN, WRITE_TOKEN, HubError, HubServer  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent  # holds the hubserver package
 
 __all__ = [
     "READ_TOKEN", "WRITE_TOKEN", "HubProcess", "client_env", "configure_client",
-    "hub_api", "hub_process", "hub_server", "start_hub_process",
+    "hub_api", "hub_process", "hub_server", "not_yet", "start_hub_process",
 ]  # fmt: skip
+
+# What reading the server's store raises for a repo, or a branch of it, that does not exist.
+MISSING = ("RepoNotFound", "RevisionNotFound")
+
+
+def not_yet(predicate):
+    """`predicate()` for one poll of a wait on the Hub's state: False while the repo or its branch is missing.
+
+    A wait can begin before what it polls exists: the job creates its repo only once it has started,
+    and the server writes a new repo's metadata before its first commit gives it a `main` branch. Those
+    reads fail with RepoNotFound or RevisionNotFound, which means "not yet" to a wait, not an error;
+    any other error still ends it.
+    """
+    try:
+        return predicate()
+    except HubError as err:
+        if err.code in MISSING:
+            return False
+        raise
 
 
 def client_env(endpoint: str, hf_home, etag_timeout: int = 3) -> dict[str, str]:
