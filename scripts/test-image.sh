@@ -10,7 +10,7 @@
 #            probe, training, final/ and the summary on the mounted folder, readable by the host user
 #   stop     `docker stop` mid-run: exit code 143 within the stop timeout, a checkpoint and the summary
 #            "stopped" on the mounted folder
-#   hub      with the local Hub server (tests/hubserver.py, a process of its own on 127.0.0.1, the fake
+#   hub      with the local Hub server (tests/hubserver/, a process of its own on 127.0.0.1, the fake
 #            token its only one): the run uploads checkpoints (manifests checked on the server's side) to
 #            a private repo; `docker stop` mid-run saves a checkpoint and uploads it before exit 143; a new
 #            container on an empty folder resumes from it, finishes, uploads final/; the token is in no
@@ -217,11 +217,11 @@ phase "stop" "$t"
 
 section "hub: checkpoints uploaded, docker stop flushes one, an empty folder resumes from the Hub"
 t=$(date +%s)
-# The local Hub (tests/hubserver.py, standard library only) on 127.0.0.1 of this machine, its own process;
+# The local Hub (tests/hubserver/, standard library only) on 127.0.0.1 of this machine, its own process;
 # the containers reach it through --network host. It knows one token: the fake one, for user alice.
 hub_root=$work/hub
 mkdir -p "$hub_root"
-python3 tests/hubserver.py --port 0 --root "$hub_root" --port-file "$work/hub.port" \
+PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 -m hubserver --port 0 --root "$hub_root" --port-file "$work/hub.port" \
   --token "$fake_token=alice:write" > "$logs/hubserver.log" 2>&1 &
 hub_pid=$!
 for _ in $(seq 200); do

@@ -1,4 +1,4 @@
-"""Pytest fixtures and helpers around the local Hub server (tests/hubserver.py).
+"""Pytest fixtures and helpers around the local Hub server (the package tests/hubserver/).
 
 Use them from a test module or a conftest.py:
 
@@ -7,9 +7,11 @@ Use them from a test module or a conftest.py:
 * ``hub_server``: a started in-process ``HubServer`` on a fresh root, with the already-imported
   huggingface_hub pointed at it for the duration of the test (see ``configure_client``).
 * ``hub_api``: an ``HfApi`` on that server with the write token.
-* ``hub_process``: the server as a separate process (``python tests/hubserver.py``), steered over
+* ``hub_process``: the server as a separate process (``python -m hubserver``), steered over
   HTTP through a ``HubProcess``; what a test of the product's container or CLI needs, together
   with ``client_env(url, hf_home)`` for the environment of the process under test.
+* ``not_yet(predicate)``: one poll of a wait on the server's state, where a repo or branch that does
+  not exist yet reads as False instead of an error.
 
 Tokens: ``hubserver.WRITE_TOKEN`` (alice, write) and ``hubserver.READ_TOKEN`` (alice, read).
 """
@@ -28,14 +30,33 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hubserver import READ_TOKEN, WRITE_TOKEN, HubServer  # noqa: E402
+from hubserver import READ_TOKEN, WRITE_TOKEN, HubError, HubServer  # noqa: E402
 
-HUBSERVER_SCRIPT = Path(__file__).resolve().with_name("hubserver.py")
+TESTS = Path(__file__).resolve().parent  # holds the hubserver package
 
 __all__ = [
     "READ_TOKEN", "WRITE_TOKEN", "HubProcess", "client_env", "configure_client",
-    "hub_api", "hub_process", "hub_server", "start_hub_process",
+    "hub_api", "hub_process", "hub_server", "not_yet", "start_hub_process",
 ]  # fmt: skip
+
+# What reading the server's store raises for a repo, or a branch of it, that does not exist.
+MISSING = ("RepoNotFound", "RevisionNotFound")
+
+
+def not_yet(predicate):
+    """`predicate()` for one poll of a wait on the Hub's state: False while the repo or its branch is missing.
+
+    A wait can begin before what it polls exists: the job creates its repo only once it has started,
+    and the server writes a new repo's metadata before its first commit gives it a `main` branch. Those
+    reads fail with RepoNotFound or RevisionNotFound, which means "not yet" to a wait, not an error;
+    any other error still ends it.
+    """
+    try:
+        return predicate()
+    except HubError as err:
+        if err.code in MISSING:
+            return False
+        raise
 
 
 def client_env(endpoint: str, hf_home, etag_timeout: int = 3) -> dict[str, str]:
@@ -124,7 +145,7 @@ def hub_api(hub_server):
 
 
 class HubProcess:
-    """A hubserver.py process, steered through its /_test/ HTTP routes (stdlib only)."""
+    """A hubserver process, steered through its /_test/ HTTP routes (stdlib only)."""
 
     def __init__(self, proc: subprocess.Popen, url: str, output_file: Path):
         self.proc, self.url, self.output_file = proc, url, output_file
@@ -162,14 +183,16 @@ class HubProcess:
 
 
 def start_hub_process(root, args=(), timeout: float = 20, python: str = sys.executable) -> HubProcess:
-    """Start `python tests/hubserver.py --port 0` and wait for the port it picked."""
+    """Start `python -m hubserver --port 0` and wait for the port it picked."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     port_file, output_file = root / "hubserver.port", root / "hubserver.out"
     port_file.unlink(missing_ok=True)
-    cmd = [python, str(HUBSERVER_SCRIPT), "--port", "0", "--root", str(root), "--port-file", str(port_file)]
+    cmd = [python, "-m", "hubserver", "--port", "0", "--root", str(root), "--port-file", str(port_file)]
+    # -m finds the package through PYTHONPATH whatever the working directory is
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     with open(output_file, "w") as output:  # a file, not a pipe: nobody has to drain it
-        proc = subprocess.Popen([*cmd, *args], stdout=output, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*cmd, *args], stdout=output, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + timeout
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -182,7 +205,7 @@ def start_hub_process(root, args=(), timeout: float = 20, python: str = sys.exec
 
 @pytest.fixture
 def hub_process(tmp_path):
-    """hubserver.py in its own process; yields a HubProcess."""
+    """The hubserver in its own process; yields a HubProcess."""
     process = start_hub_process(tmp_path / "hub-process")
     yield process
     process.stop()

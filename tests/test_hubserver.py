@@ -1,4 +1,4 @@
-"""The local Hub server (tests/hubserver.py) driven by the real huggingface_hub client.
+"""The local Hub server (tests/hubserver/) driven by the real huggingface_hub client.
 
 Besides checking the server, these tests pin down what the client (2.4.0) does by itself on
 errors: which requests it retries and which surface to the caller. Every request goes to
@@ -25,8 +25,9 @@ from hub_fixtures import (  # noqa: E402
     hub_api,  # noqa: F401  (fixture)
     hub_process,  # noqa: F401  (fixture)
     hub_server,  # noqa: F401  (fixture)
+    not_yet,
 )
-from hubserver import LFS_THRESHOLD  # noqa: E402
+from hubserver import LFS_THRESHOLD, HubError, RepoStore  # noqa: E402
 
 from huggingface_hub import (  # noqa: E402
     CommitOperationAdd,
@@ -447,6 +448,27 @@ def test_xet_client_is_refused_loudly(hub_api, hub_server, tmp_path, monkeypatch
 # --------------------------------------------------------------------------------------------
 # The server as a separate process, steered over HTTP
 # --------------------------------------------------------------------------------------------
+
+
+def test_a_wait_reads_a_repo_or_branch_not_there_yet_as_not_yet(tmp_path):
+    """What a test polling the store from another process can meet: no repo yet, then a repo whose
+    metadata is written but whose first commit (its `main`) is not (RepoStore.create writes both)."""
+    store = RepoStore(tmp_path / "hub")
+
+    def head():
+        return store.files("models", "alice/new", "main")[1]
+
+    assert not_yet(head) is False
+    meta = {"private": True, "createdAt": "", "author": "alice", "refs": {}}
+    store._write_json(store._repo_dir("models", "alice/new") / "meta.json", meta)
+    with pytest.raises(HubError, match="Invalid rev id: main"):
+        head()
+    assert not_yet(head) is False
+    store.delete("models", "alice/new")
+    store.create("models", "alice/new", private=True, author="alice")
+    assert set(not_yet(head)) == {".gitattributes"}
+    with pytest.raises(HubError, match="Invalid path"):  # any other error still ends the wait
+        not_yet(lambda: store.commit("models", "alice/new", "main", [("file", {"path": "../x"})], {}, "alice"))
 
 
 def test_hub_fixtures_work_when_imported_first_in_a_fresh_process(hub_server, tmp_path):

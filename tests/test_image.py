@@ -2,7 +2,7 @@
 
 It needs root or a Docker engine (the script installs Debian's docker.io and starts dockerd when there is
 none), network to PyPI and the Debian mirror, and about 10 minutes cold, 5 warm; `make test-image` runs
-the same script directly. The script starts the local Hub (tests/hubserver.py) as a process of its own on
+the same script directly. The script starts the local Hub (tests/hubserver/) as a process of its own on
 127.0.0.1 for the upload, stop and resume checks (the containers use --network host), and stops it at exit. The opt-in variable does not start with SFT_: those are the job's settings.
 """
 

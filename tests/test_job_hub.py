@@ -1,8 +1,8 @@
 """The whole job with a Hub repo, end to end: entrypoint.py as a subprocess configured only by environment
-variables, two CPU ranks on the demo model, against tests/hubserver.py in its own process (the real
+variables, two CPU ranks on the demo model, against tests/hubserver/ in its own process (the real
 huggingface_hub client speaking HTTP to 127.0.0.1), with faults injected on its requests.
 
-The Hub's state is read from the server's storage on disk (tests/hubserver.py's RepoStore), never
+The Hub's state is read from the server's storage on disk (RepoStore, tests/hubserver/store.py), never
 through the job's own code: commits, their order and dates, the files of every commit.
 
 Each job run takes about 45 s on two cores (most of it start-up: 128 steps train in 6-26 s), so the
@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO, demo_env, process_tree, read_summary, send_signal, step_losses
-from hub_fixtures import HubProcess, client_env, start_hub_process
+from hub_fixtures import HubProcess, client_env, not_yet, start_hub_process
 from hubserver import RepoStore
 
 from sft import checkpoints, exitcodes
@@ -127,12 +127,13 @@ def wait_until(predicate, proc: subprocess.Popen | None, log: Path | None, what:
                every: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
+        value = not_yet(predicate)
         if value:
             return value
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the job ended (exit {proc.returncode}) before {what}:\n{log.read_text()[-4000:]}")
         if time.monotonic() > deadline:
+            predicate()  # unguarded: a repo or branch still missing fails as itself, not as a timeout
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(every)
 
@@ -490,8 +491,7 @@ def killed(hub, tmp_path_factory, cadence):
     log = tmp / "job.log"
     proc = start_job(job_env(hub, tmp, repo), log)
     try:
-        wait_until(lambda: repo_exists(hub, repo) and complete_steps(head_files(hub, repo)), proc, log,
-                   "the first checkpoint on the Hub")
+        wait_until(lambda: complete_steps(head_files(hub, repo)), proc, log, "the first checkpoint on the Hub")
         # The uploader is idle now for an interval. Its next checkpoint: the preupload of its files passes,
         # the preupload of its manifest (the request before the manifest's commit) hangs.
         preupload = f"/api/models/{repo}/preupload/"

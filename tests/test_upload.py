@@ -1,4 +1,4 @@
-"""sft/hub/ (preflight, uploader) against the local Hub server (tests/hubserver.py), through the real
+"""sft/hub/ (preflight, uploader) against the local Hub server (tests/hubserver/), through the real
 huggingface_hub client.
 
 Checkpoints are folders on disk in the Trainer + DeepSpeed layout (tests/checkpoint_layout.py); the
@@ -17,7 +17,7 @@ import pytest
 from huggingface_hub import CommitOperationAdd
 
 from checkpoint_layout import REAL_LAYOUT, complete_checkpoint, layout, make_checkpoint, tree
-from hub_fixtures import READ_TOKEN, WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtures)
+from hub_fixtures import READ_TOKEN, WRITE_TOKEN, hub_api, hub_server, not_yet  # noqa: F401  (fixtures)
 from sft import checkpoints, exitcodes
 from sft.hub import preflight as hub_preflight
 from sft.hub.errors import HubError
@@ -32,10 +32,10 @@ INTERVAL = 0.8  # seconds between rounds: the job's 30 minutes, shortened
 def wait_for(predicate, timeout: float = 20.0, every: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
+        if not_yet(predicate):
             return True
         time.sleep(every)
-    return predicate()
+    return predicate()  # unguarded: a repo still missing at the deadline fails as itself
 
 
 def commits(server, repo: str = REPO) -> list[dict]:
