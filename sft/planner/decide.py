@@ -88,7 +88,8 @@ def decide(inputs: Inputs) -> Decision:
         reasons["split"] = f"{split.text()}, as the batch search chose it for the checkpoint resumed"
     else:
         split = Split(s.micro_batch, s.grad_accum, s.gradient_checkpointing != "false")
-        searched, reasons["split"] = False, f"{split.rows} rows per step as SFT_MICRO_BATCH x SFT_GRAD_ACCUM"
+        searched, reasons["split"] = False, (f"{split.micro_batch} x {split.grad_accum} ({split.rows} rows per "
+                                             "step): SFT_MICRO_BATCH x SFT_GRAD_ACCUM")
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
     d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, stage=stages.get("1"), ds_config={},
                  split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
