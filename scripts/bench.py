@@ -51,8 +51,13 @@ CONFIGS = {
                       batch_search="false"),
     "mb4-liger-z1": dict(zero_stage="1", micro_batch=4, grad_accum=1, gradient_checkpointing="false",
                          liger_kernels="true", batch_search="false"),
-    # levers with no setting of their own go through SFT_TRAINER_ARGS, on top of the defaults
-    "compile": dict(trainer_args='{"torch_compile": true}'),
+    "compile": dict(compile="true"),
+    # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
+    "default-nocompile": dict(compile="false"),
+    # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
+    "compile-layers": dict(compile="true", env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
+    # twice the tokens per optimizer step: the step's fixed cost spread over twice the work
+    "default-ga2": dict(micro_batch=4, grad_accum=2, batch_search="false"),
 }
 
 
@@ -68,11 +73,16 @@ def matmul_params(model: str) -> int:
     return total if cfg.tie_word_embeddings else total - m.get_input_embeddings().weight.numel()
 
 
-def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict) -> dict:
-    """`entrypoint.py probe` with these SFT_* settings into WORK/NAME; its probe.json figures."""
+def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict,
+              profile_step: int = 0) -> dict:
+    """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
+    probe.json figures, and with profile_step the profile of that step (sft/ranks/profiling.py)."""
+    settings = dict(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
     env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_PROBE_STEPS=str(steps), SFT_OUTPUT_DIR=str(work / name),
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **settings.pop("env", {}))
+    if profile_step:
+        env["SFTDEV_PROFILE_STEP"] = str(profile_step)
     env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:
@@ -83,8 +93,10 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     used = summary.get("resolved") or {}  # what ran: the batch search's split, auto's checkpointing and Liger
     split = {k: used[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing", "liger_kernels") if k in used}
+    profile = work / name / "run" / "reports" / "profile-rank0.json"
     return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig,
-            "batch_search": summary.get("batch_search")}
+            "batch_search": summary.get("batch_search"), "phases": summary.get("phases"),
+            "profile": json.loads(profile.read_text()) if profile.exists() else None}
 
 
 @click.command()
@@ -95,12 +107,15 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
 @click.option("--steps", default=12, show_default=True, help="Probe steps per configuration.")
 @click.option("--work", default="/tmp/bench", type=click.Path(path_type=Path), help="Scratch folder.")
 @click.option("--gpus", default="all", show_default=True, help="SFT_GPUS for every configuration.")
-def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str) -> None:
+@click.option("--profile-step", default=0, show_default=True, help="Profile this probe step of each configuration "
+              "(0: none): its time by phase and kernel kind.")
+def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
     rows = []
     for name in configs.split(","):
-        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus})
+        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus},
+                        profile_step=profile_step)
         if "tokens_per_second" in row:
             row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
         rows.append(row)
@@ -116,7 +131,8 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str)
         batch = f"{r['micro_batch']}x{r['grad_accum']}" if "micro_batch" in r else "-"
         yes_no = {True: "on", False: "off"}
         click.echo(f"{r['name']:<26} {r['exit']:>4} {r.get('stage', '-'):>6} {batch:>6} "
-                   f"{yes_no.get(r.get('gradient_checkpointing'), '-'):>5} {yes_no.get(r.get('liger_kernels'), '-'):>5} "
+                   f"{yes_no.get(r.get('gradient_checkpointing'), '-'):>5} "
+                   f"{yes_no.get(r.get('liger_kernels'), '-'):>5} "
                    f"{tps or 0:>9.0f} "
                    f"{r.get('mfu', 0):>7.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
     for r in rows:
@@ -126,7 +142,25 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str)
                        f"{'on' if t['gradient_checkpointing'] else 'off'}: " +
                        (f"{tps:.0f} tokens/s, {tps / r['world_size'] * 6 * n / PEAK_FLOPS:.1%} MFU/GPU, peak "
                         f"{max(t.get('peak_reserved_gib') or [0]):.1f} GiB" if tps else t.get("out_of_memory", "-")))
+    for r in rows:
+        click.echo(f"  {r['name']}: {r.get('seconds_to_first_step', '-')} s from start to the first step, "
+                   f"warm-up {r.get('warmup_seconds', '-')} s beyond the steady rate; phases {r.get('phases')}")
+        if r.get("profile"):
+            click.echo(profile_table(r["name"], r["profile"]))
     (work / "bench.json").write_text(json.dumps(rows, indent=1))
+
+
+def profile_table(name: str, p: dict) -> str:
+    """One profiled step by phase: wall seconds, then GPU seconds by kernel kind and idle."""
+    kinds = sorted({k for phase in ("forward", "backward", "step") for k in p[phase]["kernels_seconds"]})
+    lines = [f"  {name}: step {p['step']}, {p['wall_seconds']:.3f} s (synchronised at each phase)",
+             f"    {'phase':<9}{'wall':>8}" + "".join(f"{k:>14}" for k in kinds) + f"{'idle':>8}"]
+    for phase in ("forward", "backward", "step"):
+        row = p[phase]
+        lines.append(f"    {phase:<9}{row['wall_seconds']:>8.3f}" + "".join(
+            f"{row['kernels_seconds'].get(k, 0):>14.3f}" for k in kinds) + f"{row['idle_seconds']:>8.3f}")
+    lines += [f"      {s:>7.3f} s  {n[:100]}" for n, s in p["top_kernels_seconds"][:12]]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ class RunSpec(Record):
     bf16: bool
     attention: str
     liger_kernels: bool
+    compile: bool
     micro_batch: int
     grad_accum: int
     gradient_checkpointing: bool
@@ -144,6 +145,8 @@ class RankReport(Record):
     world_size: int = 1
     error: str | None = None
     steps: list[list[float]] = field(default_factory=list)  # [step, perf_counter seconds, tokens so far]
+    train_began: float | None = None  # perf_counter when the Trainer began its loop (the first step's start)
+    first_step_wall: float | None = None  # time.time() when the first step ended: start-up as users wait it
     steps_per_epoch: int | None = None
     conversations: int | None = None
     global_step: int | None = None
@@ -183,5 +186,7 @@ class Summary(Record):
     probe: dict[str, Any] | None = None
     train: dict[str, Any] | None = None
     probe_check: dict[str, Any] | None = None
+    started_at: float | None = None  # time.time() when this start of the job began
+    phases: dict[str, float] = field(default_factory=dict)  # seconds spent in each step of the job
     final_loss: float | None = None
     hub: dict[str, Any] | None = None

@@ -81,12 +81,17 @@ class Settings:
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
+    compile: str = _setting("auto", "torch.compile the model (TRL's torch_compile): true, false, or auto: on GPUs, "
+                            "off on CPU. Its first steps compile (the probe counts them); the compiled kernels are "
+                            "cached under SFT_OUTPUT_DIR/run/compile-cache, so a resumed job does not compile again.",
+                            choices=SWITCH)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
                                            "or auto: off when the planner predicts the stage fits without it, "
                                            "confirmed by the probe.", choices=SWITCH)
     trainer_args: str | None = _setting(None, "JSON object of further SFTConfig arguments under TRL's own names, "
-                                        "for levers the image has no setting for, e.g. {\"torch_compile\": true}. "
-                                        "Arguments the job sets itself are refused, naming the SFT_ variable.")
+                                        "for levers the image has no setting for, e.g. "
+                                        "{\"dataloader_num_workers\": 2}. Arguments the job sets itself are refused, "
+                                        "naming the SFT_ variable.")
     logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
     seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
@@ -264,7 +269,7 @@ def _check_trainer_args(value: str) -> list[str]:
     except json.JSONDecodeError as e:
         return [_bad("SFT_TRAINER_ARGS", shown, f"not JSON ({e})")]
     if not isinstance(args, dict):
-        return [_bad("SFT_TRAINER_ARGS", shown, 'expected a JSON object such as {"torch_compile": true}')]
+        return [_bad("SFT_TRAINER_ARGS", shown, 'expected a JSON object such as {"dataloader_num_workers": 2}')]
     if "hub_token" in args:
         shown = json.dumps({**args, "hub_token": "***"})
     from trl import SFTConfig  # only when the setting is used: TRL takes seconds to import

@@ -48,8 +48,8 @@ GOOD = [
     ("SFT_HUB_REPO", "alice/qwen3-sft", "hub_repo", "alice/qwen3-sft"),
     ("SFT_NODE_TIMEOUT_SECONDS", "30", "node_timeout_seconds", 30),
     ("SFT_LIGER_KERNELS", "off", "liger_kernels", "false"),
-    ("SFT_TRAINER_ARGS", '{"torch_compile": true, "dataloader_num_workers": 2}', "trainer_args",
-     '{"torch_compile": true, "dataloader_num_workers": 2}'),
+    ("SFT_TRAINER_ARGS", '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}', "trainer_args",
+     '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}'),
 ]
 
 
@@ -82,7 +82,7 @@ BAD = [
     ("SFT_NODE_TIMEOUT_SECONDS", "0", "expected at least 1"),
     ("SFT_LIGER_KERNELS", "maybe", "expected true or false (1/0, yes/no, on/off), or auto"),
     ("SFT_TRAINER_ARGS", "{torch_compile: true}", "not JSON"),
-    ("SFT_TRAINER_ARGS", '["torch_compile"]', 'expected a JSON object such as {"torch_compile": true}'),
+    ("SFT_TRAINER_ARGS", '["torch_compile"]', 'expected a JSON object such as {"dataloader_num_workers": 2}'),
     ("SFT_TRAINER_ARGS", '{"torch_compiled": true}', "torch_compiled: unknown argument (did you mean torch_compile?)"),
     ("SFT_TRAINER_ARGS", '{"per_device_train_batch_size": 8}',
      "per_device_train_batch_size is set by the job: use SFT_MICRO_BATCH"),
@@ -201,7 +201,7 @@ def test_every_argument_the_job_sets_is_owned():
 
     spec = RunSpec(mode="train", model="m", dataset="d", dataset_split="train", max_length=8, packing=True,
                    epochs=1.0, max_steps=-1, learning_rate=1e-5, save_steps=1, save_total_limit=1, logging_steps=1,
-                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, micro_batch=1, grad_accum=1,
+                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, compile=False, micro_batch=1, grad_accum=1,
                    gradient_checkpointing=False, trainer_args={}, node_timeout_seconds=60, stage="2",
                    ds_config="", output_dir="o", report_dir="r", stop_file="s", final_dir="f",
                    record=CheckpointRecord("2", 1))

@@ -35,6 +35,7 @@ class Decision:
     bf16: bool
     attention: str
     liger: bool
+    compile: bool
     stage: Stage
     ds_config: Mapping[str, Any]  # the DeepSpeed config the Trainer gets ("auto" left for it to fill)
     split: Split
@@ -57,8 +58,9 @@ class Decision:
     def resolved(self) -> dict[str, Any]:
         """The choices as plain values, for the summary and `config`."""
         return {"ranks": self.ranks.world, "gpus": list(self.ranks.gpus), "precision": "bf16" if self.bf16 else
-                "fp32", "attention": self.attention, "liger_kernels": self.liger, "stage": self.stage.name,
-                "offload": self.offload, "micro_batch": self.split.micro_batch, "grad_accum": self.split.grad_accum,
+                "fp32", "attention": self.attention, "liger_kernels": self.liger, "compile": self.compile,
+                "stage": self.stage.name, "offload": self.offload, "micro_batch": self.split.micro_batch,
+                "grad_accum": self.split.grad_accum,
                 "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
                 "pin_memory": self.pin_memory, "launcher": self.launcher,
                 "predicted_peak_gib": round(self.row.peak / GIB, 2)}
@@ -83,6 +85,7 @@ def decide(inputs: Inputs) -> Decision:
                                                           ", auto: bf16 on GPUs, fp32 on CPU")
     attention, reasons["attention"] = rules.attention(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
+    compiled, reasons["compile"] = rules.compile_model(s, ranks)
     if record is not None and record.batch is not None:
         split, searched = record.batch, True
         reasons["split"] = f"{split.text()}, as the batch search chose it for the checkpoint resumed"
@@ -91,8 +94,8 @@ def decide(inputs: Inputs) -> Decision:
         searched, reasons["split"] = False, (f"{split.micro_batch} x {split.grad_accum} ({split.rows} rows per "
                                              "step): SFT_MICRO_BATCH x SFT_GRAD_ACCUM")
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
-    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, stage=stages.get("1"), ds_config={},
-                 split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
+    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, compile=compiled, stage=stages.get("1"),
+                 ds_config={}, split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
                  plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _with_stage(inputs, d, *_first_stage(inputs, d))
     if s.gradient_checkpointing == "auto" and not searched:

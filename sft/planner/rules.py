@@ -38,6 +38,15 @@ def attention(s: Settings, ranks: Ranks) -> tuple[str, str]:
     return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
 
 
+def compile_model(s: Settings, ranks: Ranks) -> tuple[bool, str]:
+    if s.compile != "auto":
+        return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
+    if not ranks.on_gpu:
+        return False, "off, auto on CPU: compiling would take longer than a CPU run trains"
+    return True, ("on, auto on GPUs: inductor fuses the elementwise work between the matmuls, and flex attention "
+                  "is built to be compiled")
+
+
 def liger(s: Settings, ranks: Ranks, machine: Machine) -> tuple[bool, str]:
     if s.liger_kernels != "auto":
         return s.liger_kernels == "true", f"{s.liger_kernels} (SFT_LIGER_KERNELS)"

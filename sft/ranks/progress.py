@@ -45,9 +45,14 @@ class ProgressCallback(TrainerCallback):
     def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord):
         self.stop, self.report, self.record, self.trainer = stop, report, record, None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.report.train_began = time.perf_counter()
+
     def on_step_end(self, args, state, control, **kwargs):
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
         self.report.steps.append([state.global_step, time.perf_counter(), int(tokens)])
+        if self.report.first_step_wall is None:
+            self.report.first_step_wall = time.time()
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True

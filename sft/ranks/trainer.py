@@ -25,6 +25,7 @@ OWNED_ARGS = {
     "save_strategy": "SFT_SAVE_STEPS", "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT",
     "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "the job (it reports to no tracker yet)",
     "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "use_liger_kernel": "SFT_LIGER_KERNELS",
+    "torch_compile": "SFT_COMPILE",
     "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
     "accelerator_config": "the job (the ranks' process group)",
     # the job uploads, and the token stays out of every file (training_args.bin pickles these arguments)
@@ -66,6 +67,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
         ddp_timeout=spec.node_timeout_seconds,
         use_liger_kernel=spec.liger_kernels,  # TRL applies the layer kernels only (its fused LM head stays)
+        torch_compile=spec.compile,  # the Trainer compiles the model once DeepSpeed has wrapped it
         model_init_kwargs={"dtype": torch.bfloat16 if spec.bf16 else torch.float32,
                            "attn_implementation": spec.attention},
         # On CPU ranks the Trainer must use the gloo state train.py made (docs/facts.md).
