@@ -6,9 +6,12 @@ what users run. Prints tokens/s (non-padding, steady state), MFU, peak memory an
 
 MFU per GPU = tokens/s / GPUs x 6 x N / peak, N = the parameters in a matrix multiplication per token:
 all of them, less the input embedding unless it is tied to the output layer (Qwen3-4B ties it: N = 4.02e9).
-Attention FLOPs are not counted. Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200.
+Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200. "MFU+attn" adds attention's FLOPs per token,
+12 x layers x (heads x head_dim) x c, c the mean causal context of a token: sum(l^2) / (2 sum(l)) over the
+data's conversations, each cut at max_length l (fwd 4 x q_dim x c for QK^T and AV, bwd twice that); packed
+conversations attend only to themselves, so it is their lengths that count, not the row's.
 
-    python scripts/bench.py --model DIR --data FILE [--configs seed,default,...] [--steps 12]
+    python scripts/bench.py --model DIR --data FILE [--configs seed,default,...] [--steps 12] [--set max_length=65536]
 """
 
 from __future__ import annotations
@@ -73,6 +76,22 @@ def matmul_params(model: str) -> int:
     return total if cfg.tie_word_embeddings else total - m.get_input_embeddings().weight.numel()
 
 
+def attention_flops_per_token(model: str, data: str, max_length: int, sample: int = 400) -> float:
+    """12 x layers x q_dim x mean causal context, over the first `sample` conversations (see the docstring)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg, tok = AutoConfig.from_pretrained(model), AutoTokenizer.from_pretrained(model)
+    lengths = []
+    with open(data) as f:
+        for line, _ in zip(f, range(sample)):
+            ids = tok.apply_chat_template(json.loads(line)["messages"], tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            lengths.append(min(len(ids), max_length))
+    context = sum(n * n for n in lengths) / (2 * sum(lengths))
+    q_dim = cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    return 12 * cfg.num_hidden_layers * q_dim * context
+
+
 def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict,
               profile_step: int = 0) -> dict:
     """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
@@ -109,21 +128,28 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
 @click.option("--gpus", default="all", show_default=True, help="SFT_GPUS for every configuration.")
 @click.option("--profile-step", default=0, show_default=True, help="Profile this probe step of each configuration "
               "(0: none): its time by phase and kernel kind.")
-def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int) -> None:
+@click.option("--set", "extra", multiple=True, help="KEY=VALUE: an SFT_ setting for every configuration, e.g. "
+              "max_length=65536.")
+def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int,
+         extra: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
+    common = dict(kv.split("=", 1) for kv in extra)
+    attn = attention_flops_per_token(model, data, int(common.get("max_length", 2048)))
+    click.echo(f"attention: {attn / 1e9:.2f} GFLOP per token (6N: {6 * n / 1e9:.2f})", err=True)
     rows = []
     for name in configs.split(","):
-        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus},
+        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus, **common},
                         profile_step=profile_step)
         if "tokens_per_second" in row:
             row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
+            row["mfu_attn"] = row["tokens_per_second"] / row["world_size"] * (6 * n + attn) / PEAK_FLOPS
         rows.append(row)
         click.echo(json.dumps(row), err=True)
     seed = next((r.get("tokens_per_second") for r in rows if r["name"] == "seed"), None)
     click.echo(f"\nN = {n:,} parameters in matmuls per token; peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
     click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'batch':>6} {'ckpt':>5} {'liger':>5} {'tokens/s':>9} "
-               f"{'MFU/GPU':>7} {'s/step':>7} {'peak GiB':>9} {'x seed':>7}")
+               f"{'MFU/GPU':>7} {'+attn':>6} {'s/step':>7} {'peak GiB':>9} {'x seed':>7}")
     for r in rows:
         tps = r.get("tokens_per_second")
         ratio = f"{tps / seed:.2f}" if tps and seed else "-"
@@ -134,7 +160,8 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str,
                    f"{yes_no.get(r.get('gradient_checkpointing'), '-'):>5} "
                    f"{yes_no.get(r.get('liger_kernels'), '-'):>5} "
                    f"{tps or 0:>9.0f} "
-                   f"{r.get('mfu', 0):>7.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
+                   f"{r.get('mfu', 0):>7.1%} {r.get('mfu_attn', 0):>6.1%} {r.get('seconds_per_step', 0):>7.2f} "
+                   f"{peak:>9.1f} {ratio:>7}")
     for r in rows:
         for t in (r.get("batch_search") or {}).get("tries", []):
             tps = t.get("tokens_per_second")

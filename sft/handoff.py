@@ -78,14 +78,19 @@ class Split(Record):
     micro_batch: int
     grad_accum: int
     gradient_checkpointing: bool
+    offload_activations: bool = False  # the checkpoints kept in host memory, not on the GPU (long rows)
 
     @property
     def rows(self) -> int:
         return self.micro_batch * self.grad_accum
 
+    @property
+    def checkpointing_text(self) -> str:
+        return "offload" if self.offload_activations else "on" if self.gradient_checkpointing else "off"
+
     def text(self) -> str:
         """As the log names it: '4 x 1, checkpointing off'."""
-        return f"{self.micro_batch} x {self.grad_accum}, checkpointing {'on' if self.gradient_checkpointing else 'off'}"
+        return f"{self.micro_batch} x {self.grad_accum}, checkpointing {self.checkpointing_text}"
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class RunSpec(Record):
     micro_batch: int
     grad_accum: int
     gradient_checkpointing: bool
+    offload_activations: bool  # the checkpoints in host memory (TRL's activation_offloading)
     trainer_args: dict[str, Any]  # SFT_TRAINER_ARGS, checked against the arguments the job sets
     node_timeout_seconds: int
     stage: str

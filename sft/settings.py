@@ -25,6 +25,7 @@ STAGES = ("auto", *stages.NAMES)
 LAUNCHERS = ("torchrun", "deepspeed")
 ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager")
 SWITCH = ("auto", "true", "false")
+CHECKPOINTING = (*SWITCH, "offload")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
@@ -59,11 +60,19 @@ class Settings:
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
     epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
-    micro_batch: int = _setting(4, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
-                                "conversations with SFT_PACKING=false; the seed's recipe: 1).", min=1)
-    grad_accum: int = _setting(1, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
-    batch_search: str = _setting("auto", "Before the probe, time in short probes the splits of SFT_MICRO_BATCH x "
-                                 "SFT_GRAD_ACCUM rows per step (micro-batch x accumulation) that fit by the planner "
+    tokens_per_step: int = _setting(8192, "Tokens per GPU per optimizer step, as rows of SFT_MAX_LENGTH tokens (at "
+                                    "least one): 8192 is 4 packed rows of 2048, about twice the seed's 4 "
+                                    "conversations. A longer SFT_MAX_LENGTH keeps it (fewer, longer rows), so "
+                                    "raising the length does not multiply the data per step. Used where "
+                                    "SFT_MICRO_BATCH is unset.", min=1)
+    micro_batch: int | None = _setting(None, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, "
+                                       "or conversations with SFT_PACKING=false; the seed's recipe: 1); unset: "
+                                       "SFT_TOKENS_PER_STEP's rows, split by the batch search.", min=1)
+    grad_accum: int | None = _setting(None, "Micro-batches accumulated per optimizer step (the seed's recipe: 4); "
+                                      "unset: 1, or the rows of SFT_TOKENS_PER_STEP left by SFT_MICRO_BATCH.",
+                                      min=1)
+    batch_search: str = _setting("auto", "Before the probe, time in short probes the splits of the rows per step "
+                                 "(micro-batch x accumulation) that fit by the planner "
                                  "and can be the fastest (with SFT_GRADIENT_CHECKPOINTING=auto: the largest "
                                  "micro-batch without checkpointing against a larger one with it), and keep the "
                                  "fastest: the same rows per step. auto: on GPUs, unless SFT_MICRO_BATCH or "
@@ -86,8 +95,9 @@ class Settings:
                             "cached under SFT_OUTPUT_DIR/run/compile-cache, so a resumed job does not compile again.",
                             choices=SWITCH)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
-                                           "or auto: off when the planner predicts the stage fits without it, "
-                                           "confirmed by the probe.", choices=SWITCH)
+                                           "offload (checkpoints kept in host memory: long rows), or auto: off "
+                                           "where the planner predicts the stage fits without it, offload where "
+                                           "it fits only that way; confirmed by the probe.", choices=CHECKPOINTING)
     trainer_args: str | None = _setting(None, "JSON object of further SFTConfig arguments under TRL's own names, "
                                         "for levers the image has no setting for, e.g. "
                                         "{\"dataloader_num_workers\": 2}. Arguments the job sets itself are refused, "
@@ -189,8 +199,16 @@ def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
     kind = str(f.type)
-    if "bool" in kind or f.metadata.get("choices") == SWITCH:
-        return _parse_switch(raw, allow_auto="bool" not in kind)
+    choices = f.metadata.get("choices")
+    if "bool" in kind or choices in (SWITCH, CHECKPOINTING):
+        if choices and raw.lower() in choices:
+            return raw.lower()
+        try:
+            return _parse_switch(raw, allow_auto="bool" not in kind)
+        except ValueError:
+            if choices == CHECKPOINTING:
+                raise ValueError("expected auto, true, false or offload") from None
+            raise
     if "int" in kind:
         try:
             value: Any = int(raw)

@@ -44,7 +44,7 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         save_steps=s.save_steps, save_total_limit=s.save_total_limit, logging_steps=s.logging_steps,
         seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger, compile=d.compile,
         micro_batch=d.split.micro_batch, grad_accum=d.split.grad_accum,
-        gradient_checkpointing=d.split.gradient_checkpointing,
+        gradient_checkpointing=d.split.gradient_checkpointing, offload_activations=d.split.offload_activations,
         trainer_args=json.loads(s.trainer_args or "{}"), node_timeout_seconds=s.node_timeout_seconds,
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),

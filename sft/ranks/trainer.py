@@ -21,6 +21,7 @@ OWNED_ARGS = {
     "max_steps": "SFT_MAX_STEPS", "learning_rate": "SFT_LEARNING_RATE", "bf16": "SFT_PRECISION",
     "fp16": "SFT_PRECISION", "activation_checkpointing": "SFT_GRADIENT_CHECKPOINTING",
     "gradient_checkpointing": "SFT_GRADIENT_CHECKPOINTING", "logging_steps": "SFT_LOGGING_STEPS",
+    "activation_offloading": "SFT_GRADIENT_CHECKPOINTING (offload)",
     "logging_first_step": "the job (the probe times every step from the first)",
     "save_strategy": "SFT_SAVE_STEPS", "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT",
     "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "the job (it reports to no tracker yet)",
@@ -56,6 +57,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         # transformers 5's name; TRL's config still defaults the deprecated alias gradient_checkpointing to True,
         # which transformers then overwrites with this value (and warns about when this one is unset)
         activation_checkpointing=spec.gradient_checkpointing,
+        activation_offloading=spec.offload_activations,
         logging_steps=1 if probe else spec.logging_steps,
         logging_first_step=True,
         save_strategy="no" if probe else "steps",  # a timing run writes no checkpoint
