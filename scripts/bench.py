@@ -55,6 +55,7 @@ CONFIGS = {
     "mb4-liger-z1": dict(zero_stage="1", micro_batch=4, grad_accum=1, gradient_checkpointing="false",
                          liger_kernels="true", batch_search="false"),
     "compile": dict(compile="true"),
+    "compile-noliger": dict(compile="true", liger_kernels="false"),
     # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
     "default-nocompile": dict(compile="false"),
     # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
@@ -130,22 +131,26 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
               "(0: none): its time by phase and kernel kind.")
 @click.option("--set", "extra", multiple=True, help="KEY=VALUE: an SFT_ setting for every configuration, e.g. "
               "max_length=65536.")
+@click.option("--steps-for", multiple=True, help="NAME=STEPS: probe steps for one configuration (e.g. seed=12: "
+              "the seed's steps are 8x slower).")
 def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int,
-         extra: tuple[str, ...]) -> None:
+         extra: tuple[str, ...], steps_for: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
     common = dict(kv.split("=", 1) for kv in extra)
     attn = attention_flops_per_token(model, data, int(common.get("max_length", 2048)))
     click.echo(f"attention: {attn / 1e9:.2f} GFLOP per token (6N: {6 * n / 1e9:.2f})", err=True)
+    own_steps = {name: int(n) for name, n in (kv.split("=", 1) for kv in steps_for)}
     rows = []
     for name in configs.split(","):
-        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus, **common},
-                        profile_step=profile_step)
+        row = run_probe(name, model, data, own_steps.get(name, steps), work,
+                        settings={**CONFIGS[name], "gpus": gpus, **common}, profile_step=profile_step)
         if "tokens_per_second" in row:
             row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
             row["mfu_attn"] = row["tokens_per_second"] / row["world_size"] * (6 * n + attn) / PEAK_FLOPS
         rows.append(row)
         click.echo(json.dumps(row), err=True)
+        (work / "bench.json").write_text(json.dumps(rows, indent=1))  # after each row: a cut-off run keeps them
     seed = next((r.get("tokens_per_second") for r in rows if r["name"] == "seed"), None)
     click.echo(f"\nN = {n:,} parameters in matmuls per token; peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
     click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'batch':>6} {'ckpt':>5} {'liger':>5} {'tokens/s':>9} "
