@@ -32,9 +32,14 @@ PHASES = ("forward", "backward", "step")
 def callback(report_dir: str) -> TrainerCallback | None:
     """The profiling callback when SFTDEV_PROFILE_STEP asks for one on this rank (rank 0), else None."""
     step = os.environ.get("SFTDEV_PROFILE_STEP")
-    if not step or int(os.environ.get("RANK", "0")) != 0 or not torch.cuda.is_available():
+    if not step or int(os.environ.get("RANK", "0")) != 0:
         return None
     return StepProfile(int(step), Path(report_dir))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 class StepProfile(TrainerCallback):
@@ -47,23 +52,28 @@ class StepProfile(TrainerCallback):
         if state.global_step + 1 != self.step:
             return
         self._mark_phases(self.trainer.model_wrapped)
-        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                       torch.profiler.ProfilerActivity.CUDA])
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(activities=activities)
         self.prof.__enter__()
-        torch.cuda.synchronize()
+        _sync()
         self.began = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.prof is None:
             return
-        torch.cuda.synchronize()
+        _sync()
         wall = time.perf_counter() - self.began
         self.prof.__exit__(None, None, None)
         for engine, name, original in self.restore:
             setattr(engine, name, original)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.prof.export_chrome_trace(str(self.out / "profile-rank0.trace.json"))
-        split = {"step": self.step, "wall_seconds": round(wall, 4), **_split(self.prof.events())}
+        try:  # a developer's tool: what it cannot read is reported, the training goes on
+            self.prof.export_chrome_trace(str(self.out / "profile-rank0.trace.json"))
+            split = {"profiled_step": self.step, "wall_seconds": round(wall, 4), **_split(self.prof.events())}
+        except Exception as e:  # noqa: BLE001
+            split = {"profiled_step": self.step, "wall_seconds": round(wall, 4), "error": f"{type(e).__name__}: {e}"}
         (self.out / "profile-rank0.json").write_text(json.dumps(split, indent=1))
         self.prof = None
 
@@ -74,10 +84,10 @@ class StepProfile(TrainerCallback):
             original = getattr(engine, name)
 
             def marked(*a, __original=original, __name=name, **kw):
-                torch.cuda.synchronize()
+                _sync()
                 with torch.profiler.record_function(f"sft.{__name}"):
                     result = __original(*a, **kw)
-                    torch.cuda.synchronize()
+                    _sync()
                 return result
 
             self.restore.append((engine, name, original))
