@@ -184,6 +184,8 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str,
 
 def profile_table(name: str, p: dict) -> str:
     """One profiled step by phase: wall seconds, then GPU seconds by kernel kind and idle."""
+    if "error" in p:
+        return f"  {name}: the profile of step {p['profiled_step']} failed: {p['error']}"
     kinds = sorted({k for phase in ("forward", "backward", "step") for k in p[phase]["kernels_seconds"]})
     lines = [f"  {name}: step {p['profiled_step']}, {p['wall_seconds']:.3f} s (synchronised at each phase)",
              f"    {'phase':<9}{'wall':>8}" + "".join(f"{k:>14}" for k in kinds) + f"{'idle':>8}"]
