@@ -32,9 +32,9 @@ PEAK_FLOPS = 790e12
 NO_LIGER = dict(liger_kernels="false")
 CONFIGS = {
     "seed": dict(zero_stage="3", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                 attention="sdpa", **NO_LIGER),
+                 attention="sdpa", compile="false", **NO_LIGER),
     "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                       attention="sdpa", **NO_LIGER),
+                       attention="sdpa", compile="false", **NO_LIGER),
     "default": dict(),  # the image's defaults, nothing set
     "pack-z2-mb1-ckpt": dict(zero_stage="2", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
                              attention="sdpa", **NO_LIGER),
@@ -128,7 +128,8 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
 @click.option("--work", default="/tmp/bench", type=click.Path(path_type=Path), help="Scratch folder.")
 @click.option("--gpus", default="all", show_default=True, help="SFT_GPUS for every configuration.")
 @click.option("--profile-step", default=0, show_default=True, help="Profile this probe step of each configuration "
-              "(0: none): its time by phase and kernel kind.")
+              "(0: none): its time by phase and kernel kind. Its synchronisations and the trace's export fall in "
+              "the steady window: profile in a run of its own, not in one whose throughput you report.")
 @click.option("--set", "extra", multiple=True, help="KEY=VALUE: an SFT_ setting for every configuration, e.g. "
               "max_length=65536.")
 @click.option("--steps-for", multiple=True, help="NAME=STEPS: probe steps for one configuration (e.g. seed=12: "

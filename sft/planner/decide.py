@@ -85,10 +85,9 @@ def decide(inputs: Inputs) -> Decision:
                                                           ", auto: bf16 on GPUs, fp32 on CPU")
     attention, reasons["attention"] = rules.attention(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
-    compiled, reasons["compile"] = rules.compile_model(s, ranks)
     split, searched, reasons["split"] = rules.batch_split(s, record, ranks.on_gpu)
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
-    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, compile=compiled, stage=stages.get("1"),
+    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, compile=False, stage=stages.get("1"),
                  ds_config={}, split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
                  plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _with_stage(inputs, d, *_first_stage(inputs, d))
@@ -156,7 +155,9 @@ def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
 def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
-    d = _replace(d, stage=stage, ds_config=config, reasons={**d.reasons, "stage": why})
+    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage)
+    d = _replace(d, stage=stage, ds_config=config, compile=compiled,
+                 reasons={**d.reasons, "stage": why, "compile": why_compile})
     return _with_split(inputs, d, split or d.split)
 
 

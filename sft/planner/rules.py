@@ -8,6 +8,7 @@ from dataclasses import replace
 from .. import exitcodes
 from ..handoff import CheckpointRecord, Split
 from ..settings import Settings
+from ..stages import Stage
 from ..units import GIB
 from .inputs import CannotRun, Inputs, Machine, Ranks
 
@@ -70,11 +71,14 @@ def levels(s: Settings, split: Split, on_gpu: bool) -> tuple[Split, ...]:
         s.gradient_checkpointing]
 
 
-def compile_model(s: Settings, ranks: Ranks) -> tuple[bool, str]:
+def compile_model(s: Settings, ranks: Ranks, stage: Stage) -> tuple[bool, str]:
     if s.compile != "auto":
         return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
     if not ranks.on_gpu:
         return False, "off, auto on CPU: compiling would take longer than a CPU run trains"
+    if stage.zero == 3:
+        # measured only with ZeRO-1/2, whose weights stay whole on each GPU; ZeRO-3 gathers them in hooks
+        return False, f"off, auto with {stage.label}: compiled training measured with ZeRO-1 and 2 only"
     return True, ("on, auto on GPUs: inductor fuses the elementwise work between the matmuls, and flex attention "
                   "is built to be compiled")
 
