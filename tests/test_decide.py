@@ -105,6 +105,14 @@ def test_sft_gpus_naming_a_gpu_that_is_not_there():
     assert decided(machine=Machine(gpus=(H200,) * 4), gpus="1,3").ranks.gpus == (1, 3)
 
 
+def test_bf16_needs_gpus():
+    with pytest.raises(CannotRun) as e:
+        decided(shape=TINY, machine=CPU_HOST, precision="bf16")
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS and "SFT_PRECISION='bf16': this machine has no GPU" in str(
+        e.value)
+    assert decided(precision="bf16").reasons["precision"] == "bf16 (SFT_PRECISION)"
+
+
 def test_several_nodes_shard_over_every_rank():
     machine = Machine(gpus=(H200,) * 2, host_memory_bytes=200 * GIB, nodes=2)
     d = decided(shape=Q8, machine=machine)

@@ -22,9 +22,14 @@ def connect(s: Settings):
     if s.hub_repo is None:
         print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
         return None
-    target = preflight(s.hub_repo, os.environ.get("HF_TOKEN"))
+    target = preflight(s.hub_repo, token())
     print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min", flush=True)
     return target
+
+
+def token() -> str | None:
+    """The token the job uploads with (its one lookup: the start's check and the upload read it here)."""
+    return os.environ.get("HF_TOKEN")
 
 
 def already_done(paths: Paths, target) -> bool:
