@@ -9,7 +9,7 @@ import pytest
 
 from sft import exitcodes, stages
 from sft.handoff import CheckpointRecord, Split
-from sft.planner import decide
+from sft.planner import decide, restart
 from sft.planner.inputs import GPU, CannotRun, Inputs, Machine
 from sft.planner.shape import ModelShape
 from sft.settings import Settings
@@ -176,3 +176,22 @@ def test_settings_reach_the_decision_unchanged_where_they_are_explicit():
     assert (d.bf16, d.attention, d.liger, d.launcher) == (False, "sdpa", False, "deepspeed")
     assert split_of(d) == (2, 2, True)
     assert d.reasons["precision"] == "fp32 (SFT_PRECISION)" and d.reasons["launcher"] == "deepspeed (SFT_LAUNCHER)"
+
+
+# --- a finished run started again (planner/restart.py)
+
+
+def test_a_finished_run_started_again_names_what_differs():
+    defaults = Settings().to_dict()
+    before = Settings(learning_rate=1e-5).to_dict()
+    same, message = restart.verdict(before, Settings(probe_steps=0, gpus="0,1").to_dict(), defaults, "/out")
+    assert same and message == "/out is already trained with these settings; nothing to do."
+    same, message = restart.verdict(before, Settings(learning_rate=2e-5, epochs=2.0).to_dict(), defaults, "/out")
+    assert not same
+    assert message.startswith("/out holds a finished run with other settings: SFT_EPOCHS=2.0 (the finished run: "
+                              "1.0); SFT_LEARNING_RATE=2e-05 (the finished run: 1e-05). Nothing was started")
+    assert "start a new run with another SFT_OUTPUT_DIR" in message
+    # a setting the finished run's record lacks (a newer job's) counts as its default
+    older = {k: v for k, v in before.items() if k != "attention"}
+    assert restart.verdict(older, Settings().to_dict(), defaults, "/out")[0]
+    assert not restart.verdict(older, Settings(attention="eager").to_dict(), defaults, "/out")[0]

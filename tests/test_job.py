@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+from sft import exitcodes
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +108,15 @@ def test_second_start_of_a_finished_job_does_nothing(runs, tmp_path):
     env = demo_env(tmp_path, zero_stage="2", **JOB)
     env["SFT_OUTPUT_DIR"] = str(out)
     result = run_entrypoint(env)
-    assert result.returncode == 0 and "already trained" in result.stdout
+    assert result.returncode == 0 and f"{out} is already trained with these settings; nothing to do." in result.stdout
+    assert {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()} == before
+    # Before: other settings got the same silent "already trained" and exit 0
+    env.update(SFT_LEARNING_RATE="1e-4", SFT_PROBE_STEPS="0")  # the probe's steps do not change what is trained
+    other = run_entrypoint(env)
+    assert other.returncode == exitcodes.BAD_SETTINGS, other.stdout[-3000:]
+    assert (f"error: {out} holds a finished run with other settings: SFT_LEARNING_RATE=0.0001 (the finished run: "
+            "0.002). Nothing was started: to train with these settings, start a new run with another SFT_OUTPUT_DIR"
+            ) in other.stdout
     assert {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()} == before
 
 

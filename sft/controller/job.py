@@ -13,13 +13,13 @@ from pathlib import Path
 from .. import exitcodes, nodes
 from ..handoff import Summary, write_json
 from ..planner import decide
-from ..planner import rules
+from ..planner import restart, rules
 from ..planner.decide import Decision
 from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
 from ..settings import Settings
 from ..units import gib
-from . import coordinate, figures, inputs, machine, preflight, probe, uploads
+from . import coordinate, figures, inputs, machine, outlock, preflight, probe, uploads
 from .launch import Stopper
 from .output import Paths, losses, plot_loss
 from .runs import Runner
@@ -59,12 +59,42 @@ class Job:
         self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training
 
     def run(self, probe_only: bool) -> int:
+        """The job, holding the output folder's lock from its first write: a second job on the folder stops
+        at once. A start refused before (a finished run, the Hub's refusal) writes nothing."""
+        from ..hub.errors import HubError
+
+        if not probe_only and (code := self._finished_before()) is not None:
+            return code
+        try:
+            self.target = uploads.connect(self.s)
+            if not probe_only and uploads.already_done(self.target):
+                return exitcodes.DONE
+        except HubError as e:
+            print(f"error: {e.message}", flush=True)
+            return e.exit_code
+        try:
+            lock = outlock.take(self.paths.out)
+        except outlock.Busy as e:
+            print(f"error: {e}", flush=True)
+            return exitcodes.OUTPUT_BUSY
+        except OSError as e:
+            return self._unwritable(e)
+        with lock:
+            return self._run(probe_only)
+
+    def _finished_before(self) -> int | None:
+        """A finished run in the folder (read only): with these settings nothing to do, with others an error."""
+        before = self.paths.finished_settings()
+        if before is None:
+            return None
+        same, message = restart.verdict(before, self.s.to_dict(), Settings().to_dict(), str(self.paths.out))
+        print(message if same else f"error: {message}", flush=True)
+        return exitcodes.DONE if same else exitcodes.BAD_SETTINGS
+
+    def _run(self, probe_only: bool) -> int:
         from ..hub.errors import HubError
 
         try:
-            self.target = uploads.connect(self.s)
-            if not probe_only and uploads.already_done(self.paths, self.target):
-                return exitcodes.DONE
             self.stopper.install()
             self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
             write_json(self.paths.run / "settings.json", self.s.to_dict())
@@ -72,6 +102,8 @@ class Job:
         except HubError as e:
             print(f"error: {e.message}", flush=True)
             return e.exit_code
+        except OSError as e:
+            return self._unwritable(e)
         self.summary.resumed_from = str(resume) if resume else None
         try:
             given = inputs.read(self.s, self.facts.machine, resume)
@@ -91,6 +123,12 @@ class Job:
             print("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)", flush=True)
             return exitcodes.DONE
         return self._train(d, resume)
+
+    def _unwritable(self, e: OSError) -> int:
+        """The output folder cannot be written (a full disk): nothing has run yet."""
+        print(f"error: cannot write in {self.paths.out} ({e.strerror or e}): free space or fix its permissions, "
+              "then start again", flush=True)
+        return exitcodes.PREFLIGHT
 
     def _decided(self, d: Decision) -> Decision:
         print(format_table(d.plan), flush=True)

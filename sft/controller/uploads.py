@@ -32,13 +32,10 @@ def token() -> str | None:
     return os.environ.get("HF_TOKEN")
 
 
-def already_done(paths: Paths, target) -> bool:
-    """A finished run on disk, or its final model on the Hub: a second start has nothing to do."""
+def already_done(target) -> bool:
+    """The final model on the Hub: a second start has nothing to do (a finished run on disk is found before)."""
     from ..hub.resume import final_on_hub
 
-    if paths.finished():
-        print(f"{paths.final} is already trained (see {paths.summary}); nothing to do.", flush=True)
-        return True
     if target is not None and final_on_hub(target.api, target.repo_id):
         print(f"the final model is already on {target.url}; nothing to do.", flush=True)
         return True
