@@ -151,6 +151,7 @@ def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     reference, losses = step_losses(read_summary(runs["2"][1])), step_losses(summary)
     after = [k for k in reference if k > resumed]
     assert after and max(abs(losses[k] - reference[k]) for k in after) < 1e-4
+    assert summary["train"]["num_tokens"] == read_summary(runs["2"][1])["train"]["num_tokens"]
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):

@@ -200,9 +200,10 @@ def train_results(reports: list, wall: float) -> dict:
     if main is None:
         return {"status": None, **result}
     result.update(status=main.status, global_step=main.global_step, train_runtime=main.train_runtime,
-                  train_loss=main.train_loss, num_tokens=main.num_tokens, log_history=main.log_history)
-    if main.num_tokens and main.train_runtime:
-        result["tokens_per_second"] = round(main.num_tokens / main.train_runtime, 1)
+                  train_loss=main.train_loss, num_tokens=main.num_tokens, tokens_before=main.tokens_before,
+                  log_history=main.log_history)
+    if main.num_tokens and main.train_runtime:  # this start's tokens in this start's time
+        result["tokens_per_second"] = round((main.num_tokens - main.tokens_before) / main.train_runtime, 1)
     if rates := figures.steady_rates(main.steps):
         result["steady_tokens_per_second"] = rates["tokens_per_second"]
     return result

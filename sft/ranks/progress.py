@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -53,6 +54,8 @@ class ProgressCallback(TrainerCallback):
             control.should_training_stop = True
         if control.should_save and state.is_world_process_zero:
             # Before the Trainer writes the checkpoint (trainer_state.json last), so a complete checkpoint
-            # always says which stage and how many ranks wrote it: a resume must use the same.
-            self.record.save(Path(args.output_dir) / f"checkpoint-{state.global_step}" / CheckpointRecord.FILE)
+            # always says which stage and how many ranks wrote it (a resume must use the same), and the
+            # tokens so far (TRL counts from zero in each process: a resume counts on from these).
+            record = dataclasses.replace(self.record, tokens=int(tokens))
+            record.save(Path(args.output_dir) / f"checkpoint-{state.global_step}" / CheckpointRecord.FILE)
         return control
