@@ -192,7 +192,7 @@ def doctor() -> None:
     try:
         given = inputs.read(s, facts.machine)
         d = decide(given)
-        needs = preflight.Needs.of(d, given.shape.total_params, s.save_total_limit)
+        needs = preflight.Needs.of(d, given.shape.total_params, s.save_total_limit, s.extra_trainer_args)
         facts = machine.measure_links(facts, d.ranks)
         click.echo(f"for {s.model} with {d.stage.label} on {d.ranks.world} rank(s):")
     except CannotRun as e:

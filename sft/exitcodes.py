@@ -4,7 +4,8 @@ DONE = 0                # trained (or found already trained) and everything save
 FAILED = 1              # an unexpected error: read the log
 BAD_SETTINGS = 2        # a setting, or what it names (model, DeepSpeed file, GPUs, HF_TOKEN), is wrong; nothing
                         # was started or written
-PREFLIGHT = 3           # the machine cannot run this job (GPUs, disk, memory): fix it and start again
+PREFLIGHT = 3           # the machine cannot run this job (GPUs, disk, memory; or the disk would fill before the
+                        # end: stopped at a complete checkpoint): fix it and start again
 PROBE_OOM = 4           # the probe ran out of GPU memory: the message names the next stage to try
 PROBE_FAILED = 5        # the probe failed for another reason
 TRAIN_FAILED = 6        # training failed; complete checkpoints are kept and a new start resumes

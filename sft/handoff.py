@@ -152,6 +152,7 @@ class RankReport(Record):
     train_loss: float | None = None
     num_tokens: int | None = None  # since the run began, resumes included
     tokens_before: int = 0  # of those, the tokens of the starts before this one (a resume's checkpoint record)
+    stop_reason: str | None = None  # why the ranks stopped themselves (the disk would fill), when they did
     log_history: list[dict[str, Any]] = field(default_factory=list)
     stopped: bool = False
     device: str | None = None

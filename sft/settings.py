@@ -112,6 +112,11 @@ class Settings:
     def output_path(self) -> Path:
         return Path(self.output_dir)
 
+    @property
+    def extra_trainer_args(self) -> dict[str, Any]:
+        """SFT_TRAINER_ARGS as a dict (check() refuses what is not a JSON object)."""
+        return json.loads(self.trainer_args or "{}")
+
     @functools.cached_property
     def user_ds_config(self) -> dict[str, Any] | None:
         """SFT_DS_CONFIG's contents, read once (check() reports a file that cannot be read)."""

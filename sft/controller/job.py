@@ -7,13 +7,14 @@ sft/ranks/train.py, started through the launcher (launch.py); the Hub side is up
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
-from .. import exitcodes, nodes
+from .. import checkpoints, exitcodes, nodes
 from ..handoff import Summary, write_json
 from ..planner import decide
-from ..planner import restart, rules
+from ..planner import disk, restart, rules
 from ..planner.decide import Decision
 from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
@@ -139,7 +140,8 @@ class Job:
     def _preflight(self, given: Inputs, d: Decision, probe_only: bool) -> int | None:
         """The machine's facts against this decision's needs; an exit code when it cannot run."""
         # the probe alone writes no checkpoint: its disk needs are not the run's
-        needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, self.s.save_total_limit)
+        needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, self.s.save_total_limit,
+                                   self.s.extra_trainer_args)
         checks = preflight.run(self.facts, needs)
         print("preflight:\n" + preflight.format_checks(checks), flush=True)
         self.summary.preflight = [dict(name=c.name, status=c.status, message=c.message) for c in checks]
@@ -166,10 +168,15 @@ class Job:
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
             print(figures.against_run_line(check), flush=True)
+        if train.get("stop_reason") and not self.stopper.requested:  # the ranks stopped before the disk filled
+            print(f"error: {train['stop_reason']}", flush=True)
+            return self._close(exitcodes.PREFLIGHT, "stopped: disk", d)
         if self.stopper.requested or train.get("status") == "stopped":
             return self._close(exitcodes.STOPPED, "stopped", d)
         if code != 0 or train.get("status") != "done":
-            print(f"error: training failed (launcher exit code {code}); complete checkpoints are kept and a new "
+            failed_save(self.paths.out)
+            why = f": {train['error']}" if train.get("error") else ""
+            print(f"error: training failed (launcher exit code {code}{why}); complete checkpoints are kept and a new "
                   f"start resumes from the newest", flush=True)
             return self._close(exitcodes.TRAIN_FAILED, "failed", d)
         return self._close(exitcodes.DONE, "done", d)
@@ -184,13 +191,32 @@ class Job:
         points = losses((summary.train or {}).get("log_history") or [])
         if points:
             summary.final_loss = points[-1][1]
-            plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
-        summary.save(self.paths.summary)
+        try:  # on a full disk the exit code and the log must still come out, naming what was not written
+            if points:
+                plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
+            summary.save(self.paths.summary)
+        except OSError as e:
+            print(f"error: could not write {self.paths.summary} or the loss plot ({e.strerror or e}): this "
+                  "log is the only record of this start", flush=True)
         if self.uploader is not None:
             code = uploads.finish(self.uploader, code, self.paths, summary,
                                   uploads.grace_left(self.s, self.stopper.requested_at))
         print(f"{status}: exit code {code}; summary in {self.paths.summary}", flush=True)
         return code
+
+
+def failed_save(out: Path) -> None:
+    """After a failed training: say so when the disk is full, and remove the checkpoints the failure tore
+    (a resume never trusts them; gone, they give the summary room)."""
+    newest = checkpoints.latest_complete(out)
+    size, free = (machine.folder_bytes(newest) if newest else None), machine.free_disk(str(out))
+    if disk.full_after_failure(free, size):
+        print(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free, less than one checkpoint: "
+              f"{size / 1e9:.3g} GB), so the save failed: free space or mount a larger volume", flush=True)
+    for torn in checkpoints.torn(out):
+        shutil.rmtree(torn, ignore_errors=True)
+        print(f"removed {torn.name}: the failure left it incomplete; a new start resumes from "
+              f"{newest.name if newest else 'the beginning'}", flush=True)
 
 
 def train_results(reports: list, wall: float) -> dict:
@@ -201,7 +227,7 @@ def train_results(reports: list, wall: float) -> dict:
         return {"status": None, **result}
     result.update(status=main.status, global_step=main.global_step, train_runtime=main.train_runtime,
                   train_loss=main.train_loss, num_tokens=main.num_tokens, tokens_before=main.tokens_before,
-                  log_history=main.log_history)
+                  stop_reason=main.stop_reason, error=main.error, log_history=main.log_history)
     if main.num_tokens and main.train_runtime:  # this start's tokens in this start's time
         result["tokens_per_second"] = round((main.num_tokens - main.tokens_before) / main.train_runtime, 1)
     if rates := figures.steady_rates(main.steps):
