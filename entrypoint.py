@@ -29,7 +29,8 @@ def _variables_help() -> str:
     lines += ["", "\b", "Read under their own names:"]
     lines += [f"  {var}: {help}" for var, help in ECOSYSTEM_VARS.items()]
     lines += ["", "\b", "Exit codes:"]
-    lines += [f"  {value:>3} {name}" for name, value in vars(exitcodes).items() if name.isupper()]
+    for value, name, meaning in exitcodes.meanings():
+        lines += textwrap.wrap(f"{value:>3} {name}: {meaning}", 90, initial_indent="  ", subsequent_indent="      ")
     return "\n".join(lines)
 
 

@@ -1,4 +1,8 @@
-"""The job's exit codes: each says what happened, so a scheduler can tell a retry from a fix."""
+"""The job's exit codes: each says what happened, so a scheduler can tell a retry from a fix. Each line's
+comment is its meaning, as `entrypoint.py --help` shows it (meanings())."""
+
+import re
+from pathlib import Path
 
 DONE = 0                # trained (or found already trained) and everything saved
 FAILED = 1              # an unexpected error: read the log
@@ -18,3 +22,10 @@ STOPPED = 143           # stopped by SIGTERM/SIGINT after saving what it could (
 
 # A rank's own exit codes (sft/ranks/train.py), read by the controller; the launcher passes the worst on.
 RANK_OOM = 42           # the rank ran out of GPU memory (the probe then escalates)
+
+
+def meanings() -> list[tuple[int, str, str]]:
+    """(code, name, meaning) of every exit code, from this file's own lines (a comment may go on below)."""
+    text = Path(__file__).read_text()
+    found = re.findall(r"^([A-Z_]+) = (\d+) +# (.*(?:\n +# .*)*)", text, re.MULTILINE)
+    return [(int(code), name, re.sub(r"\n +# ", " ", meaning).strip()) for name, code, meaning in found]
