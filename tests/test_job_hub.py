@@ -569,7 +569,8 @@ def test_sigterm_saves_and_uploads_a_checkpoint_then_exits_143(hub, sigterm):
     assert run.code == exitcodes.STOPPED, run.output[-4000:]
     summary = read_summary(run.out)
     stopped_at = summary["train"]["global_step"]
-    assert summary["status"] == "stopped" and 8 < stopped_at < TOTAL_STEPS
+    # a stop that comes while checkpoint-8 is being closed stops at 8 (every rank checks after a save too)
+    assert summary["status"] == "stopped" and 8 <= stopped_at < TOTAL_STEPS
     local = run.out / f"checkpoint-{stopped_at}"
     assert checkpoints.problem(local) is None
     files = head_files(hub, repo)
