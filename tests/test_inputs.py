@@ -57,7 +57,9 @@ def test_every_problem_at_once_before_anything_is_written(tmp_path):
     expected = ["SFT_MICRO_BATCH='0': expected at least 1", "SFT_DATASET='/nonexistent.jsonl': no such file",
                 "SFT_TRAINER_ARGS=", "torch_compiled: unknown argument (did you mean torch_compile?)",
                 "zero_optimization.stage='two': Input should be 0, 1, 2, 3",
-                "no tokenizer.json, and its tokenizer cannot be loaded", "needs HF_TOKEN",
+                "no tokenizer.json, and AutoTokenizer finds no other tokenizer files (the folder holds: chat_template"
+                ".jinja, config.json, generation_config.json, model.safetensors, tokenizer_config.json)",
+                "needs HF_TOKEN",
                 "HF_HUB_OFFLINE=1 forbids the Hub"]
     for words in expected:
         assert any(words in p for p in problems), (words, problems)
@@ -155,5 +157,5 @@ def test_config_of_a_model_folder_without_a_tokenizer_stops_at_once(tmp_path):
     env = clean_environ(tmp_path)
     env.update(SFT_MODEL=str(model_without(tmp_path, "tokenizer.json")), SFT_DATASET=str(DEMO_DATA))
     result = run_entrypoint(env, "config")
-    assert result.returncode == 2 and "no tokenizer.json, and its tokenizer cannot" in result.stderr
+    assert result.returncode == 2 and "no tokenizer.json, and AutoTokenizer finds no other" in result.stderr
     assert result.stdout == ""

@@ -83,9 +83,11 @@ def model_tokenizer(s: Settings) -> list[str]:
     try:
         tokenizer = _tokenizer(folder)
     except Exception as e:  # noqa: BLE001 - any failure to load is the problem to report
-        missing = "" if whole.is_file() else "no tokenizer.json, and "
-        return [f"SFT_MODEL={s.model!r}: {missing}its tokenizer cannot be loaded ({_first_line(e)}): copy the "
-                "tokenizer files of the model it came from, or save them there with its tokenizer's save_pretrained"]
+        held = ", ".join(sorted(p.name for p in folder.iterdir()))
+        why = (f"its tokenizer cannot be loaded ({_first_line(e)})" if whole.is_file() else
+               f"no tokenizer.json, and AutoTokenizer finds no other tokenizer files (the folder holds: {held})")
+        return [f"SFT_MODEL={s.model!r}: {why}: copy the tokenizer files of the model it came from, or save them "
+                "there with its tokenizer's save_pretrained"]
     names = dict(getattr(type(tokenizer), "vocab_files_names", {}))
     names.pop("tokenizer_file", None)
     parts = sorted(set(names.values()))
