@@ -20,6 +20,8 @@ from ..planner.shape import ModelShape, model_shape
 from ..settings import REPO_ID, Settings
 
 Finder = Callable[[Settings], list[str]]
+COPY_TOKENIZER = ("copy the tokenizer files of the model it came from, or save them there with its tokenizer's "
+                  "save_pretrained")
 
 
 def read(s: Settings, machine: Machine, resume: Path | None = None) -> Inputs:
@@ -86,16 +88,15 @@ def model_tokenizer(s: Settings) -> list[str]:
         held = ", ".join(sorted(p.name for p in folder.iterdir()))
         why = (f"its tokenizer cannot be loaded ({_first_line(e)})" if whole.is_file() else
                f"no tokenizer.json, and AutoTokenizer finds no other tokenizer files (the folder holds: {held})")
-        return [f"SFT_MODEL={s.model!r}: {why}: copy the tokenizer files of the model it came from, or save them "
-                "there with its tokenizer's save_pretrained"]
+        return [f"SFT_MODEL={s.model!r}: {why}: {COPY_TOKENIZER}"]
     names = dict(getattr(type(tokenizer), "vocab_files_names", {}))
     names.pop("tokenizer_file", None)
     parts = sorted(set(names.values()))
     if whole.is_file() or (parts and all((folder / n).is_file() for n in parts)):
         return []
     alternative = f", or {' and '.join(parts)} ({type(tokenizer).__name__})" if parts else ""
-    return [f"SFT_MODEL={s.model!r}: no tokenizer in the folder (missing tokenizer.json{alternative}): copy the "
-            "tokenizer files of the model it came from, or save them there with its tokenizer's save_pretrained"]
+    return [f"SFT_MODEL={s.model!r}: no tokenizer in the folder (missing tokenizer.json{alternative}): "
+            f"{COPY_TOKENIZER}"]
 
 
 def model_chat_template(s: Settings) -> list[str]:
