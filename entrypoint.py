@@ -17,6 +17,7 @@ import textwrap
 import click
 
 from sft import exitcodes
+from sft.controller import inputs as checks
 from sft.settings import ECOSYSTEM_VARS, Settings, SettingsError, describe, from_env
 
 
@@ -28,7 +29,8 @@ def _variables_help() -> str:
     lines += ["", "\b", "Read under their own names:"]
     lines += [f"  {var}: {help}" for var, help in ECOSYSTEM_VARS.items()]
     lines += ["", "\b", "Exit codes:"]
-    lines += [f"  {value:>3} {name}" for name, value in vars(exitcodes).items() if name.isupper()]
+    for value, name, meaning in exitcodes.meanings():
+        lines += textwrap.wrap(f"{value:>3} {name}: {meaning}", 90, initial_indent="  ", subsequent_indent="      ")
     return "\n".join(lines)
 
 
@@ -39,15 +41,20 @@ def deepspeed_logs_to_stderr() -> None:
         import deepspeed  # noqa: F401
 
 
-def load_settings() -> Settings:
-    """Settings from the environment, or exit 2 listing every problem (before anything is written)."""
+def load_settings(finders=()) -> Settings:
+    """Settings from the environment and the inputs they name (controller/inputs.py's finders), or exit 2
+    listing every problem of both at once, before anything is written."""
     try:
-        return from_env()
+        s, problems = from_env(), []
     except SettingsError as e:
+        s, problems = e.settings, list(e.problems)
+    problems += checks.problems(s, finders)
+    if problems:
         click.echo("error: the settings are not valid; nothing was started:", err=True)
-        for problem in e.problems:
+        for problem in problems:
             click.echo(f"  - {problem}", err=True)
         sys.exit(exitcodes.BAD_SETTINGS)
+    return s
 
 
 @click.group(invoke_without_command=True, epilog=_variables_help(),
@@ -64,7 +71,7 @@ def run() -> None:
     """Validate, probe, train the full epoch(s), write final/ and the summary."""
     from sft.controller import job
 
-    sys.exit(job.run(load_settings()))
+    sys.exit(job.run(load_settings(checks.JOB)))
 
 
 @cli.command()
@@ -72,7 +79,7 @@ def probe() -> None:
     """Only the timing probe: speed, peak memory per rank, projected duration and cost."""
     from sft.controller import job
 
-    sys.exit(job.run(load_settings(), probe_only=True))
+    sys.exit(job.run(load_settings(checks.JOB), probe_only=True))
 
 
 @cli.command()
@@ -85,8 +92,8 @@ def config() -> None:
     from sft.controller.runs import make_spec
     from sft.ranks.trainer import filled_ds_config, trainer_arguments
 
-    s = load_settings()
-    deepspeed_logs_to_stderr()
+    deepspeed_logs_to_stderr()  # before the checks, which read a DeepSpeed file with DeepSpeed
+    s = load_settings(checks.CONFIG)
     d = decided_or_exit(inputs_or_exit(s, machine.measure(s.output_dir).machine))
     spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
     args = trainer_arguments(spec, d.ranks.on_gpu, in_rank=False)
@@ -145,8 +152,8 @@ def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gr
     from sft.planner.plan import format_table
     from sft.units import GIB
 
-    s = load_settings()
     deepspeed_logs_to_stderr()
+    s = load_settings(checks.DECIDING)
     found = machine.measure(s.output_dir).machine
     if not found.gpus and (gpus is None or gpu_memory is None):
         raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
@@ -181,20 +188,20 @@ def doctor() -> None:
     from sft.planner.decide import decide
     from sft.planner.inputs import CannotRun
 
-    s = load_settings()
+    s = load_settings(checks.DECIDING)
     facts = machine.measure(s.output_dir)
     try:
         given = inputs.read(s, facts.machine)
         d = decide(given)
-        needs = preflight.Needs.of(d, given.shape.total_params, s.save_total_limit)
+        needs = preflight.Needs.of(d, given.shape.total_params, s.save_total_limit, s.extra_trainer_args)
         facts = machine.measure_links(facts, d.ranks)
         click.echo(f"for {s.model} with {d.stage.label} on {d.ranks.world} rank(s):")
     except CannotRun as e:
         click.echo(f"the run's needs are unknown ({e}); checking the machine alone:")
         needs = preflight.Needs()
-    checks = preflight.run(facts, needs)
-    click.echo(preflight.format_checks(checks))
-    sys.exit(exitcodes.PREFLIGHT if preflight.failed(checks) else exitcodes.DONE)
+    results = preflight.run(facts, needs)
+    click.echo(preflight.format_checks(results))
+    sys.exit(exitcodes.PREFLIGHT if preflight.failed(results) else exitcodes.DONE)
 
 
 @cli.command()

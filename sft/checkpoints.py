@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .handoff import CheckpointRecord
+from .handoff import CheckpointRecord, read_json
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
@@ -47,6 +47,8 @@ def problem(checkpoint: Path) -> str | None:
     """
     if not (checkpoint / "trainer_state.json").is_file():
         return "no trainer_state.json"
+    if read_json(checkpoint / "trainer_state.json") is None:  # the Trainer writes it in place: a full disk tears it
+        return "trainer_state.json is torn"
     ranks = shard_ranks(checkpoint)
     if not ranks:
         return "no DeepSpeed state (`latest` or its shards missing)"
@@ -68,3 +70,13 @@ def latest_complete(output_dir: Path) -> Path | None:
             return checkpoint
         print(f"warning: skipping {checkpoint.name}: incomplete ({why})", flush=True)
     return None
+
+
+def torn(output_dir: Path) -> list[Path]:
+    """The incomplete checkpoints newer than the newest complete one: what a failed or killed save leaves."""
+    found = []
+    for checkpoint in reversed(all_checkpoints(output_dir)):
+        if problem(checkpoint) is None:
+            break
+        found.append(checkpoint)
+    return found

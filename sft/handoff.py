@@ -100,6 +100,7 @@ class CheckpointRecord(Record):
     stage: str
     world_size: int
     batch: Split | None = None  # set when a batch search chose the split: a resume keeps it
+    tokens: int | None = None  # tokens trained on up to this checkpoint (TRL's count, all ranks): a resume counts on
 
     FILE: typing.ClassVar[str] = "sft_job.json"
 
@@ -158,7 +159,9 @@ class RankReport(Record):
     global_step: int | None = None
     train_runtime: float | None = None
     train_loss: float | None = None
-    num_tokens: int | None = None
+    num_tokens: int | None = None  # since the run began, resumes included
+    tokens_before: int = 0  # of those, the tokens of the starts before this one (a resume's checkpoint record)
+    stop_reason: str | None = None  # why the ranks stopped themselves (the disk would fill), when they did
     log_history: list[dict[str, Any]] = field(default_factory=list)
     stopped: bool = False
     device: str | None = None

@@ -127,6 +127,11 @@ class Settings:
     def output_path(self) -> Path:
         return Path(self.output_dir)
 
+    @property
+    def extra_trainer_args(self) -> dict[str, Any]:
+        """SFT_TRAINER_ARGS as a dict (check() refuses what is not a JSON object)."""
+        return json.loads(self.trainer_args or "{}")
+
     @functools.cached_property
     def user_ds_config(self) -> dict[str, Any] | None:
         """SFT_DS_CONFIG's contents, read once (check() reports a file that cannot be read)."""
@@ -134,10 +139,11 @@ class Settings:
 
 
 class SettingsError(Exception):
-    """All problems found in the environment, one line each."""
+    """All problems found in the environment, one line each; `settings` holds the values that did parse
+    (defaults where one did not), so the inputs they name can still be checked and reported with them."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
+    def __init__(self, problems: list[str], settings: Settings | None = None):
+        self.problems, self.settings = problems, settings
         super().__init__("\n".join(problems))
 
 
@@ -180,11 +186,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     if values.get("batch_search", "auto") == "auto" and any(environ.get(v, "").strip() for v in (
             env_name("micro_batch"), env_name("grad_accum"))):
         values["batch_search"] = "false"  # a split the user wrote is kept as written
-    if not problems:
-        settings = Settings(**values)
-        problems += check(settings)
+    # A value that did not parse keeps its default here, so one typo does not hide the other problems.
+    settings = Settings(**values)
+    problems += check(settings)
     if problems:
-        raise SettingsError(problems)
+        raise SettingsError(problems, settings)
     return settings
 
 

@@ -60,6 +60,21 @@ def step_losses(summary: dict) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in summary["train"]["log_history"] if "loss" in e}
 
 
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """A real filesystem of `size` (tmpfs) mounted at folder, for a disk that fills; the test skips, with the
+    reason, where mounting is not allowed (not root)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=False,
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or 'mount refused'} (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=False)
+
+
 def process_tree(pid: int) -> list[psutil.Process]:
     """The process and every process under it, parents first ([] once it is gone)."""
     try:

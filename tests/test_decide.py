@@ -9,7 +9,7 @@ import pytest
 
 from sft import exitcodes, stages
 from sft.handoff import CheckpointRecord, Split
-from sft.planner import decide
+from sft.planner import decide, disk, restart
 from sft.planner.inputs import GPU, CannotRun, Inputs, Machine
 from sft.planner.shape import ModelShape
 from sft.settings import Settings
@@ -103,6 +103,14 @@ def test_sft_gpus_naming_a_gpu_that_is_not_there():
         decided(gpus="0,5")
     assert e.value.exit_code == exitcodes.BAD_SETTINGS and "no GPU 5" in str(e.value)
     assert decided(machine=Machine(gpus=(H200,) * 4), gpus="1,3").ranks.gpus == (1, 3)
+
+
+def test_bf16_needs_gpus():
+    with pytest.raises(CannotRun) as e:
+        decided(shape=TINY, machine=CPU_HOST, precision="bf16")
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS and "SFT_PRECISION='bf16': this machine has no GPU" in str(
+        e.value)
+    assert decided(precision="bf16").reasons["precision"] == "bf16 (SFT_PRECISION)"
 
 
 def test_several_nodes_shard_over_every_rank():
@@ -199,3 +207,86 @@ def test_long_rows_fit_by_checkpointing_then_by_offloading_the_checkpoints():
 def test_a_cpu_host_never_offloads_checkpoints():
     d = decided(shape=TINY, machine=CPU_HOST, gradient_checkpointing="offload")
     assert d.split.gradient_checkpointing and not d.split.offload_activations
+
+
+# --- the output folder's disk (planner/disk.py)
+
+PER_PARAM = [
+    # precision, ZeRO, optimizer -> bytes/param (fp32 ZeRO-2 and ZeRO-3 as measured on the demo model)
+    (False, 2, "adamw_torch", 20),  # fp32 weights twice (module states + model.safetensors), master 4, moments 8
+    (False, 3, "adamw_torch", 16),  # ZeRO-3 saves the gathered weights once
+    (True, 2, "adamw_torch_fused", 16),
+    (True, 3, "AdamW", 14),  # the seed's 115 GB checkpoint of Qwen3-8B: 14 x 8.19e9
+    (True, 1, "adamw_bnb_8bit", 10),  # two 1-byte moments
+    (True, 3, "sgd", 10),
+    (True, 3, "adafactor", 6),
+    (True, 3, "ademamix", 18),
+    (True, 3, "something_new", 14),  # unknown: taken as Adam-like
+]
+
+
+@pytest.mark.parametrize("bf16,zero,optimizer,per_param", PER_PARAM)
+def test_a_checkpoints_bytes_per_param(bf16, zero, optimizer, per_param):
+    got, why = disk.checkpoint_bytes_per_param(bf16, zero, optimizer)
+    assert got == per_param and why.startswith(f"{per_param} bytes/param: ")
+    assert ("taken as Adam-like" in why) == (optimizer == "something_new")
+
+
+def test_the_optimizer_is_the_deepspeed_files_then_the_trainer_arguments():
+    assert disk.optimizer_of({}, {}) == "adamw_torch"
+    assert disk.optimizer_of({}, {"optim": "adafactor"}) == "adafactor"
+    assert disk.optimizer_of({"optimizer": {"type": "Lion"}}, {"optim": "adafactor"}) == "Lion"
+
+
+def test_the_preflight_sizes_the_checkpoint_from_the_decision():
+    from sft.controller import preflight
+
+    fp32 = preflight.Needs.of(decided(shape=TINY, machine=CPU_HOST), TINY.total_params, 2)
+    assert (fp32.checkpoint_bytes_per_param, fp32.final_bytes_per_param) == (20, 4)  # CPU: fp32, ZeRO-2
+    bf16 = preflight.Needs.of(decided(zero_stage="3"), Q4.total_params, 2, {"optim": "adamw_8bit"})
+    assert (bf16.checkpoint_bytes_per_param, bf16.final_bytes_per_param) == (8, 2)
+    assert "optimizer state (adamw_8bit: 2 state(s) of 1 byte(s): 2)" in bf16.checkpoint_why
+
+
+SAVES_LEFT = [(20, 64, 20, 3), (40, 64, 20, 2), (60, 64, 20, 1), (64, 64, 20, 0), (20, 60, 20, 2), (0, 10, 5, 2)]
+
+
+@pytest.mark.parametrize("step,max_steps,save_steps,left", SAVES_LEFT)
+def test_saves_left_count_the_one_at_the_last_step(step, max_steps, save_steps, left):
+    assert disk.saves_left(step, max_steps, save_steps) == left
+
+
+def test_room_after_a_save_counts_the_checkpoints_still_to_come():
+    gb = 10**9
+    # two kept, two saves to come, limit 2: one more at once (written before the oldest goes), then final/
+    fits, why = disk.room_after_save(2 * gb, 3 * gb, kept=2, save_total_limit=2, left=2, final_bytes=gb // 2)
+    assert fits and why.endswith("the rest of the run needs 2.5 GB (1 more checkpoint(s) at once and the 0.5 GB "
+                                 "final model)")
+    short, why = disk.room_after_save(2 * gb, 2 * gb, kept=2, save_total_limit=2, left=2, final_bytes=gb // 2)
+    assert not short and "the disk would fill before the run ends, so it stops now" in why
+    # the first save of three, limit 2: two more at once
+    assert not disk.room_after_save(2 * gb, 5 * gb, kept=1, save_total_limit=2, left=3, final_bytes=3 * gb // 2)[0]
+    assert disk.room_after_save(2 * gb, 5 * gb, kept=1, save_total_limit=2, left=3, final_bytes=gb // 2)[0]
+    # the last save: only final/ is to come
+    assert disk.room_after_save(2 * gb, gb, kept=2, save_total_limit=2, left=0, final_bytes=gb // 2)[0]
+    assert disk.full_after_failure(10**6, 2 * gb) and not disk.full_after_failure(3 * gb, 2 * gb)
+    assert not disk.full_after_failure(0, None)  # no checkpoint to compare with
+
+
+# --- a finished run started again (planner/restart.py)
+
+
+def test_a_finished_run_started_again_names_what_differs():
+    defaults = Settings().to_dict()
+    before = Settings(learning_rate=1e-5).to_dict()
+    same, message = restart.verdict(before, Settings(probe_steps=0, gpus="0,1").to_dict(), defaults, "/out")
+    assert same and message == "/out is already trained with these settings; nothing to do."
+    same, message = restart.verdict(before, Settings(learning_rate=2e-5, epochs=2.0).to_dict(), defaults, "/out")
+    assert not same
+    assert message.startswith("/out holds a finished run with other settings: SFT_EPOCHS=2.0 (the finished run: "
+                              "1.0); SFT_LEARNING_RATE=2e-05 (the finished run: 1e-05). Nothing was started")
+    assert "start a new run with another SFT_OUTPUT_DIR" in message
+    # a setting the finished run's record lacks (a newer job's) counts as its default
+    older = {k: v for k, v in before.items() if k != "attention"}
+    assert restart.verdict(older, Settings().to_dict(), defaults, "/out")[0]
+    assert not restart.verdict(older, Settings(attention="eager").to_dict(), defaults, "/out")[0]

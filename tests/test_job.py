@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses, tmpfs
+from sft import checkpoints, exitcodes
+from sft.controller.machine import folder_bytes
+from sft.planner import disk
 
 pytestmark = pytest.mark.slow
 
@@ -107,8 +110,30 @@ def test_second_start_of_a_finished_job_does_nothing(runs, tmp_path):
     env = demo_env(tmp_path, zero_stage="2", **JOB)
     env["SFT_OUTPUT_DIR"] = str(out)
     result = run_entrypoint(env)
-    assert result.returncode == 0 and "already trained" in result.stdout
+    assert result.returncode == 0 and f"{out} is already trained with these settings; nothing to do." in result.stdout
     assert {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()} == before
+    # Before: other settings got the same silent "already trained" and exit 0
+    env.update(SFT_LEARNING_RATE="1e-4", SFT_PROBE_STEPS="0")  # the probe's steps do not change what is trained
+    other = run_entrypoint(env)
+    assert other.returncode == exitcodes.BAD_SETTINGS, other.stdout[-3000:]
+    assert (f"error: {out} holds a finished run with other settings: SFT_LEARNING_RATE=0.0001 (the finished run: "
+            "0.002). Nothing was started: to train with these settings, start a new run with another SFT_OUTPUT_DIR"
+            ) in other.stdout
+    assert {p: p.stat().st_mtime for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_the_disk_preflight_sizes_a_checkpoint_as_it_is_written(runs):
+    """Before: 14 bytes/param whatever the run, about 2x under an fp32 run's checkpoint. The demo model is
+    tiny, so the tokenizer, rng states and scripts each checkpoint holds add about 15% here."""
+    for stage, (result, out) in runs.items():
+        summary = read_summary(out)
+        per_param, _ = disk.checkpoint_bytes_per_param(False, 3 if stage.startswith("3") else int(stage), "adamw")
+        estimate = per_param * summary["plan"]["model"]["total_params"]
+        real = folder_bytes(out / "checkpoint-64")
+        assert 0.9 < real / estimate < 1.25, (stage, real, estimate)
+        check = next(c for c in summary["preflight"] if c["name"] == "disk")
+        assert f"({per_param:g} bytes/param: fp32 weights" in check["message"]
+        assert "[rank 0] disk after checkpoint-20: a checkpoint takes" in result.stdout
 
 
 def _start(env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -142,6 +167,70 @@ def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     reference, losses = step_losses(read_summary(runs["2"][1])), step_losses(summary)
     after = [k for k in reference if k > resumed]
     assert after and max(abs(losses[k] - reference[k]) for k in after) < 1e-4
+    assert summary["train"]["num_tokens"] == read_summary(runs["2"][1])["train"]["num_tokens"]
+
+
+def logged_tokens(summary: dict) -> dict[int, int]:
+    return {e["step"]: e["num_tokens"] for e in summary["train"]["log_history"] if "num_tokens" in e}
+
+
+def on_a_small_disk(tmp_path: Path, disk_dir: Path, fill_at: int, leave: int) -> dict[str, str]:
+    """The ZeRO-2 job of `runs`, its output on a small disk that another writer fills before the save at
+    step `fill_at`, leaving `leave` bytes (sft/ranks/faults.py)."""
+    env = demo_env(tmp_path, zero_stage="2", **JOB)
+    env.update(SFT_OUTPUT_DIR=str(disk_dir / "out"), SFTTEST_FILL_DISK=f"{fill_at}:{leave}:{disk_dir / 'filler'}")
+    return env
+
+
+def test_a_full_disk_mid_save_exits_6_keeps_the_last_complete_checkpoint_and_resumes(runs, tmp_path):
+    """Before: exit 1, no summary (a 0-byte summary.json.tmp), the ranks' reports 0 bytes."""
+    with tmpfs(tmp_path / "disk", "32m") as small:
+        env, out = on_a_small_disk(tmp_path, small, 40, 64 * 1024), small / "out"
+        result = run_entrypoint(env)
+        assert result.returncode == exitcodes.TRAIN_FAILED, result.stdout[-3000:] + result.stderr[-3000:]
+        assert f"error: the disk of {out} is full (" in result.stdout
+        assert ("removed checkpoint-40: the failure left it incomplete; a new start resumes from checkpoint-20"
+                in result.stdout)
+        summary = read_summary(out)  # written: the torn checkpoint's room was enough
+        assert (summary["status"], summary["exit_code"]) == ("failed", exitcodes.TRAIN_FAILED)
+        assert checkpoints.problem(out / "checkpoint-20") is None and not (out / "checkpoint-40").exists()
+        (small / "filler").unlink()  # the other writer's file is gone: room again
+        del env["SFTTEST_FILL_DISK"]
+        again = run_entrypoint(env)
+        assert again.returncode == 0, again.stdout[-3000:]
+        summary, reference = read_summary(out), read_summary(runs["2"][1])
+    assert summary["resumed_from"].endswith("checkpoint-20")
+    losses, expected = step_losses(summary), step_losses(reference)
+    assert max(abs(losses[k] - expected[k]) for k in expected if k > 20) < 1e-4
+    assert summary["train"]["num_tokens"] == reference["train"]["num_tokens"]
+
+
+def test_a_disk_that_would_fill_stops_at_a_checkpoint_and_the_resume_counts_every_token(runs, tmp_path):
+    """After the save at step 40 the disk holds less than the rest of the run: every rank stops there (exit 3)
+    instead of failing at a later save; a new start resumes at step 40 and ends with the uninterrupted run's
+    losses and token counts. Before: the token count restarted from zero at a resume (6,144 at step 40
+    against 10,240 uninterrupted)."""
+    with tmpfs(tmp_path / "disk", "32m") as small:
+        env, out = on_a_small_disk(tmp_path, small, 40, 4 * 10**6), small / "out"  # one checkpoint fits, not two
+        result = run_entrypoint(env)
+        assert result.returncode == exitcodes.PREFLIGHT, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "the disk would fill before the run ends, so it stops now, at this complete checkpoint" in result.stdout
+        stopped = read_summary(out)
+        assert (stopped["status"], stopped["train"]["global_step"]) == ("stopped: disk", 40)
+        assert checkpoints.problem(out / "checkpoint-40") is None and not (out / "final").exists()
+        (small / "filler").unlink()
+        del env["SFTTEST_FILL_DISK"]
+        again = run_entrypoint(env)
+        assert again.returncode == 0, again.stdout[-3000:]
+        summary, reference = read_summary(out), read_summary(runs["2"][1])
+    assert summary["resumed_from"].endswith("checkpoint-40")
+    losses, expected = step_losses(summary), step_losses(reference)
+    assert max(abs(losses[k] - expected[k]) for k in expected if k > 40) < 1e-4
+    tokens, uninterrupted = logged_tokens(summary), logged_tokens(reference)
+    assert tokens == uninterrupted  # the steps before 40 as the checkpoint's trainer_state.json logged them
+    train = summary["train"]
+    assert train["num_tokens"] == reference["train"]["num_tokens"] and train["tokens_before"] == uninterrupted[40]
+    assert train["tokens_per_second"] == round((train["num_tokens"] - uninterrupted[40]) / train["train_runtime"], 1)
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
@@ -155,7 +244,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     summary = read_summary(tmp_path / "out")
     assert summary["status"] == "stopped"
     stopped_at = summary["train"]["global_step"]
-    assert 20 < stopped_at < EPOCH_STEPS
+    # a stop that comes while checkpoint-20 is being closed stops at 20 (every rank checks after a save too)
+    assert 20 <= stopped_at < EPOCH_STEPS
     assert (tmp_path / "out" / f"checkpoint-{stopped_at}" / "trainer_state.json").is_file()
     assert not (tmp_path / "out" / "final").exists()
     # started again, the job resumes from that checkpoint and finishes

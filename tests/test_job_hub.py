@@ -52,7 +52,8 @@ EPOCHS = 2
 TOTAL_STEPS = EPOCHS * 64  # the job's last step
 JOB = dict(zero_stage="2", precision="fp32", seed=0, learning_rate=2e-3, logging_steps=1, probe_steps=0,
            save_steps=8, save_total_limit=KEEP, upload_minutes=UPLOAD_MINUTES, packing="false", epochs=EPOCHS)
-FAST_EXIT_S = 30  # a start refused before training: python, torch and huggingface_hub imports, a few requests
+# A start refused before training is told by what did not happen (no launcher's "$ " line, nothing written),
+# not by a time: on a loaded machine the imports alone can take 30 s.
 
 # Everything the job runs wrote or printed, searched for the token by the last test.
 SCANNED_DIRS: list[Path] = []
@@ -221,7 +222,7 @@ def test_public_repo_is_refused_and_nothing_is_uploaded_or_trained(hub, tmp_path
     before = commits(hub, "alice/public-run")
     run = run_job(job_env(hub, tmp_path, "alice/public-run"))
     assert run.code == exitcodes.HUB_PUBLIC_REPO, run.output[-3000:]
-    assert "public" in run.output and run.seconds < FAST_EXIT_S
+    assert "public" in run.output
     assert commits(hub, "alice/public-run") == before  # not a file, not even made private behind the user's back
     assert hub.store.meta("models", "alice/public-run")["private"] is False
     assert not writes(log_for(hub, "alice/public-run"))
@@ -234,8 +235,9 @@ def test_refused_token_fails_before_training(hub, tmp_path, token):
     repo = f"alice/token-{token}"
     value = {"missing": None, "unknown": "hf_e2eUnknownTokenWq3Zr5Xt9Ks2Lm", "read-only": READ_ONLY_TOKEN}[token]
     run = run_job(job_env(hub, tmp_path, repo, token=value))
-    assert run.code == exitcodes.HUB_AUTH, run.output[-3000:]
-    assert "HF_TOKEN" in run.output and run.seconds < FAST_EXIT_S
+    # a missing token is found with the settings (exit 2), before the Hub is asked; the Hub refuses the others
+    assert run.code == (exitcodes.BAD_SETTINGS if value is None else exitcodes.HUB_AUTH), run.output[-3000:]
+    assert "HF_TOKEN" in run.output
     assert not repo_exists(hub, repo)  # not created with a token that was refused
     assert files_under(run.out) == []
     assert "$ " not in run.output
@@ -369,7 +371,7 @@ def test_second_start_of_a_finished_job_exits_0_without_training(hub, cadence, t
     env["SFT_OUTPUT_DIR"] = str(cadence.out)
     run = run_job(env)
     assert run.code == 0, run.output[-3000:]
-    assert "already trained" in run.output and "$ " not in run.output and run.seconds < FAST_EXIT_S
+    assert "already trained" in run.output and "$ " not in run.output
     assert {p: p.stat().st_mtime_ns for p in files_under(cadence.out)} == before_files
     assert len(commits(hub, "alice/cadence")) == before_commits
 
@@ -378,7 +380,7 @@ def test_empty_disk_with_the_final_model_on_the_hub_exits_0_at_once(hub, cadence
     before_commits = len(commits(hub, "alice/cadence"))
     run = run_job(job_env(hub, tmp_path, "alice/cadence"))
     assert run.code == 0, run.output[-3000:]
-    assert "already on" in run.output and "$ " not in run.output and run.seconds < FAST_EXIT_S
+    assert "already on" in run.output and "$ " not in run.output
     assert files_under(run.out) == []  # nothing downloaded, nothing trained
     assert len(commits(hub, "alice/cadence")) == before_commits
 
@@ -567,7 +569,8 @@ def test_sigterm_saves_and_uploads_a_checkpoint_then_exits_143(hub, sigterm):
     assert run.code == exitcodes.STOPPED, run.output[-4000:]
     summary = read_summary(run.out)
     stopped_at = summary["train"]["global_step"]
-    assert summary["status"] == "stopped" and 8 < stopped_at < TOTAL_STEPS
+    # a stop that comes while checkpoint-8 is being closed stops at 8 (every rank checks after a save too)
+    assert summary["status"] == "stopped" and 8 <= stopped_at < TOTAL_STEPS
     local = run.out / f"checkpoint-{stopped_at}"
     assert checkpoints.problem(local) is None
     files = head_files(hub, repo)

@@ -333,6 +333,26 @@ def test_killed_node_fails_the_other_a_stop_stops_both_and_they_resume(one_node,
     assert after and max(abs(losses[k] - one_node[k]) for k in after) < 1e-4
 
 
+@pytest.mark.slow
+def test_node_0_holds_the_folders_lock_and_a_third_job_stops_at_once(tmp_path):
+    """Two nodes share the output folder; node 0 alone holds its lock (node 1 takes none, or it would refuse
+    itself), so a third job started on that folder exits 11 at once, naming node 0's controller."""
+    def third_job(procs, logs):
+        wait_for(tmp_path / "out" / "checkpoint-4" / "trainer_state.json", procs, logs[0])
+        ranks = [p for proc in procs for p in process_tree(proc.pid)[1:]]
+        send_signal(ranks, signal.SIGSTOP)  # the job goes on, paused, however long the third takes to start
+        try:
+            third = run_entrypoint(demo_env(tmp_path, **JOB), timeout=300)
+        finally:
+            send_signal(ranks, signal.SIGCONT)
+        assert third.returncode == exitcodes.OUTPUT_BUSY, third.stdout[-3000:] + third.stderr[-3000:]
+        assert f"error: another job is running on {tmp_path / 'out'} (pid {procs[0].pid} on " in third.stdout
+
+    (code0, log0), (code1, log1) = two_nodes(tmp_path, "locked", meanwhile=third_job)
+    assert code0 == code1 == 0, log0[-3000:] + log1[-3000:]
+    assert read_summary(tmp_path / "out")["train"]["global_step"] == JOB["max_steps"]
+
+
 # -- the shipped scheduler files ------------------------------------------------------------------
 
 

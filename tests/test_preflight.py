@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tmpfs
 from sft.controller import machine as m
 from sft.controller import preflight as pf
 from sft.planner.inputs import GPU, Machine
@@ -43,14 +44,8 @@ Legend:
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A real 1 MiB filesystem: a full disk, or Docker's too-small /dev/shm."""
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=False,
-                             capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    with tmpfs(tmp_path / "tiny", "1m") as folder:
+        yield folder
 
 
 def _script(folder: Path, name: str, text: str) -> Path:
@@ -177,6 +172,28 @@ def test_disk_for_qwen3_8b_uses_the_seeds_figures():
     assert pf.check_disk(200 * 10**9, "/out", QWEN3_8B_PARAMS, None).status == "fail"  # room for 2 at least
     assert pf.check_disk(10**12, "/out", QWEN3_8B_PARAMS, None).status == "warn"
     assert pf.check_disk(10**9, "/out", None, 2).status == "info"
+
+
+def test_disk_sized_from_the_decision_of_an_fp32_run():
+    """Before: 14 bytes/param whatever the run; an fp32 ZeRO-2 checkpoint takes 20 (planner/disk.py)."""
+    c = pf.check_disk(400 * 10**9, "/out", QWEN3_8B_PARAMS, 2, per_param=20, final_per_param=4, why="20 bytes/param: x")
+    assert c.status == "fail"
+    assert "needs 524.2 GB for 3 checkpoints of 163.8 GB (20 bytes/param: x) and the 32.8 GB final model" in c.message
+
+
+def test_a_checkpoints_real_size_against_the_room_left(tiny_tmpfs):
+    """After a save (in rank 0): the size the checkpoint takes, measured, against the disk's free space."""
+    checkpoint = tiny_tmpfs / "out" / "checkpoint-20"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 300_000)
+    size = m.folder_bytes(checkpoint.parent)
+    assert 300_000 <= size <= 300_000 + 3 * 4096  # allocated blocks, as du counts them
+    free = m.free_disk(str(checkpoint))
+    assert free < 2**20 - 300_000
+    short = pf.check_room(size, free, kept=1, save_total_limit=2, saves_left=3, final_bytes=200_000)
+    assert short.status == "fail" and "the disk would fill before the run ends, so it stops now" in short.message
+    last = pf.check_room(size, free, kept=1, save_total_limit=2, saves_left=1, final_bytes=200_000)
+    assert last.status == "ok" and "(1 more checkpoint(s) at once and the 0.0002 GB final model)" in last.message
 
 
 def test_host_memory_capped_by_the_container(tmp_path):

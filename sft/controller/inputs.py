@@ -1,14 +1,27 @@
 """What the decision is a function of, read once: the model's shape, the user's DeepSpeed file, and the
-record of the checkpoint this start resumes from (the machine is measured in machine.py)."""
+record of the checkpoint this start resumes from (the machine is measured in machine.py).
+
+Also the inputs' checks that need a read (a model's files, DeepSpeed's config model, the GPUs): each is
+a function Settings -> problems, one line each; `problems` runs a list of them, so they report together
+with the settings' own (entrypoint.load_settings), before anything is started or written.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .. import checkpoints, exitcodes
+from .. import checkpoints, exitcodes, nodes
+from ..data import looks_local
 from ..planner.inputs import CannotRun, Inputs, Machine
 from ..planner.shape import ModelShape, model_shape
-from ..settings import Settings
+from ..settings import REPO_ID, Settings
+
+Finder = Callable[[Settings], list[str]]
+COPY_TOKENIZER = ("copy the tokenizer files of the model it came from, or save them there with its tokenizer's "
+                  "save_pretrained")
 
 
 def read(s: Settings, machine: Machine, resume: Path | None = None) -> Inputs:
@@ -26,3 +39,136 @@ def shape_of(model: str) -> ModelShape:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): check the name or path, "
                         "the network, and HF_HUB_OFFLINE", exitcodes.BAD_SETTINGS) from None
+
+
+def problems(s: Settings, finders: Sequence[Finder]) -> list[str]:
+    """Every problem the finders see, in their order."""
+    return [problem for find in finders for problem in find(s)]
+
+
+# --- the finders
+
+
+def ds_file(s: Settings) -> list[str]:
+    """SFT_DS_CONFIG as DeepSpeed's config model reads it (the settings checked that it is a JSON object)."""
+    from .dsfile import problems as refused
+
+    if s.ds_config is None:
+        return []
+    try:
+        config = s.user_ds_config
+    except (OSError, ValueError):
+        return []  # the settings named it already
+    if not isinstance(config, dict) or "zero_optimization" not in config:
+        return []  # the settings named it already
+    return [f"SFT_DS_CONFIG={s.ds_config!r}: {why}" for why in refused(config, s.micro_batch)]
+
+
+def model_config(s: Settings) -> list[str]:
+    """The model's config.json can be read (a folder's, or the Hub's or its cache's for a name)."""
+    if _local_folder(s.model) is None and (looks_local(s.model) or not REPO_ID.match(s.model)):
+        return []  # the settings named the missing folder, or a name the Hub cannot have
+    try:
+        shape_of(s.model)
+    except CannotRun as e:
+        return [str(e)]
+    return []
+
+
+def model_tokenizer(s: Settings) -> list[str]:
+    """A model folder holds a tokenizer: without one AutoTokenizer gives an empty one, and every rank fails
+    long after the start (models named on the Hub come with theirs)."""
+    folder = _local_folder(s.model)
+    if folder is None:
+        return []
+    whole = folder / "tokenizer.json"
+    try:
+        tokenizer = _tokenizer(folder)
+    except Exception as e:  # noqa: BLE001 - any failure to load is the problem to report
+        held = ", ".join(sorted(p.name for p in folder.iterdir()))
+        why = (f"its tokenizer cannot be loaded ({_first_line(e)})" if whole.is_file() else
+               f"no tokenizer.json, and AutoTokenizer finds no other tokenizer files (the folder holds: {held})")
+        return [f"SFT_MODEL={s.model!r}: {why}: {COPY_TOKENIZER}"]
+    names = dict(getattr(type(tokenizer), "vocab_files_names", {}))
+    names.pop("tokenizer_file", None)
+    parts = sorted(set(names.values()))
+    if whole.is_file() or (parts and all((folder / n).is_file() for n in parts)):
+        return []
+    alternative = f", or {' and '.join(parts)} ({type(tokenizer).__name__})" if parts else ""
+    return [f"SFT_MODEL={s.model!r}: no tokenizer in the folder (missing tokenizer.json{alternative}): "
+            f"{COPY_TOKENIZER}"]
+
+
+def model_chat_template(s: Settings) -> list[str]:
+    """Conversations are rendered with the model's chat template: a folder without one fails in every rank."""
+    folder = _local_folder(s.model)
+    if folder is None or model_tokenizer(s):
+        return []
+    if _tokenizer(folder).chat_template:
+        return []
+    return [f"SFT_MODEL={s.model!r}: no chat template (chat_template.jinja, or chat_template in "
+            "tokenizer_config.json), which conversations are rendered with: copy it from the model it came from"]
+
+
+def ranks(s: Settings, machine: Machine | None = None) -> list[str]:
+    """What the decision's rules ask of this machine (default: its GPUs, measured): SFT_GPUS names GPUs it has
+    (on a machine with none it is ignored, and the decision's reason says so); bf16 needs GPUs."""
+    from ..planner import rules
+    from .machine import gpus
+
+    try:
+        chosen, _ = rules.choose_ranks(s, machine or Machine(gpus=gpus()))
+        rules.precision(s, chosen)
+    except CannotRun as e:
+        return [str(e)]
+    return []
+
+
+def hub_token(s: Settings) -> list[str]:
+    """SFT_HUB_REPO needs a token on node 0 (the one that uploads)."""
+    from .uploads import token
+
+    if s.hub_repo is None or token() or not nodes.from_env(os.environ).leads:
+        return []
+    return [f"SFT_HUB_REPO={s.hub_repo!r} needs HF_TOKEN: a Hugging Face token with write access "
+            "(https://huggingface.co/settings/tokens)"]
+
+
+def hub_online(s: Settings) -> list[str]:
+    """SFT_HUB_REPO needs the Hub, which HF_HUB_OFFLINE forbids (read as huggingface_hub reads it)."""
+    from huggingface_hub import constants
+
+    if s.hub_repo is None or not constants.HF_HUB_OFFLINE or not nodes.from_env(os.environ).leads:
+        return []
+    return [f"SFT_HUB_REPO={s.hub_repo!r} but HF_HUB_OFFLINE=1 forbids the Hub: unset one of them"]
+
+
+# What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
+DECIDING: tuple[Finder, ...] = (ds_file,)
+CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template, ranks)
+JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
+
+
+def _local_folder(model: str) -> Path | None:
+    """The model's folder when it is local and a model folder (config.json), else None."""
+    if not looks_local(model):
+        return None
+    path = Path(os.path.expanduser(model))
+    return path if (path / "config.json").is_file() else None
+
+
+def _tokenizer(folder: Path):
+    """The folder's tokenizer as AutoTokenizer loads it, loaded once while the folder's files stay the same."""
+    stamp = tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir() if p.is_file()))
+    return _load_tokenizer(folder, stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(folder: Path, stamp: tuple):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -139,6 +139,18 @@ def free_disk(output_dir: str) -> int:
     return shutil.disk_usage(path).free
 
 
+def folder_bytes(path: Path) -> int:
+    """Bytes a folder takes on its disk (allocated blocks, as du counts them), its subfolders included."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue  # removed while counted (the Trainer rotating checkpoints)
+    return total
+
+
 def nvidia_smi_topo() -> str | None:
     """The text of `nvidia-smi topo -m`, or None without nvidia-smi."""
     try:

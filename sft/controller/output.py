@@ -39,10 +39,10 @@ class Paths:
     def reports(self) -> Path:
         return self.run / "reports"
 
-    def finished(self) -> bool:
-        """A complete earlier run: its summary says done and final/ holds a model."""
+    def finished_settings(self) -> dict[str, Any] | None:
+        """The settings of a complete earlier run in this folder; None when there is none."""
         done = Summary.load(self.summary)
-        return bool(done and done.status == "done" and (self.final / "config.json").is_file())
+        return done.settings if done and done.status == "done" and (self.final / "config.json").is_file() else None
 
     def rank_reports(self, mode: str) -> list[RankReport]:
         """The reports the ranks of the last `mode` run wrote, by rank."""

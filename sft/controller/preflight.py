@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..planner import disk
 from ..planner.decide import Decision
 from ..planner.rules import pin_memory_rule
 from ..units import GB, GIB
@@ -22,9 +23,9 @@ OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 # Docker gives /dev/shm 64 MB; NCCL keeps its intra-node buffers there, and NCCL's troubleshooting
 # guide asks for at least --shm-size=1g in containers.
 SHM_MIN_BYTES = 1 * GIB
-# A DeepSpeed checkpoint holds 16-bit weights (2 bytes/param) and the fp32 optimizer state (12:
-# master weights and Adam's two moments): 14 bytes/param, 114.7 GB for Qwen3-8B, the seed's "about
-# 115 GB". The ZeRO paper's 16 bytes/param also counts 16-bit gradients, which are not saved.
+# Without a decision (`doctor` alone): the seed's bf16 ZeRO-3 AdamW checkpoint, 16-bit weights (2 bytes/param)
+# and the fp32 optimizer state (12: master weights and Adam's two moments), 114.7 GB for Qwen3-8B, the
+# seed's "about 115 GB". With a decision, planner/disk.py sizes it from the precision, stage and optimizer.
 CHECKPOINT_BYTES_PER_PARAM = 2 + 12
 FINAL_MODEL_BYTES_PER_PARAM = 2  # final/: the gathered 16-bit model
 # Bus bandwidth (nccl-tests' busbw) below which ZeRO-3's traffic will dominate a step; PCIe Gen4 x16
@@ -41,10 +42,17 @@ class Needs:
     host_bytes: int | None = None  # what offload keeps in host RAM (DeepSpeed's estimate)
     total_params: int | None = None  # for the disk: None when the run writes no checkpoint (a probe)
     save_total_limit: int | None = 2
+    checkpoint_bytes_per_param: float = CHECKPOINT_BYTES_PER_PARAM
+    final_bytes_per_param: int = FINAL_MODEL_BYTES_PER_PARAM
+    checkpoint_why: str = ""  # how checkpoint_bytes_per_param adds up
 
     @classmethod
-    def of(cls, d: Decision, total_params: int | None, save_total_limit: int) -> Needs:
-        return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit)
+    def of(cls, d: Decision, total_params: int | None, save_total_limit: int,
+           trainer_args: Mapping[str, Any] | None = None) -> Needs:
+        optimizer = disk.optimizer_of(d.ds_config, trainer_args or {})
+        per_param, why = disk.checkpoint_bytes_per_param(d.bf16, d.stage.zero, optimizer)
+        return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit, per_param,
+                   disk.weight_bytes(d.bf16), why)
 
 
 @dataclass(frozen=True)
@@ -144,16 +152,19 @@ def check_host_memory(available: int, needed: int | None, offload: bool | None) 
 # --- Disk
 
 
-def check_disk(free: int, output_dir: str, total_params: int | None, save_total_limit: int | None) -> Check:
-    """Room for save_total_limit + 1 checkpoints (the new one is written before the oldest goes) and final/."""
+def check_disk(free: int, output_dir: str, total_params: int | None, save_total_limit: int | None,
+               per_param: float = CHECKPOINT_BYTES_PER_PARAM, final_per_param: int = FINAL_MODEL_BYTES_PER_PARAM,
+               why: str = "") -> Check:
+    """Room for save_total_limit + 1 checkpoints (the new one is written before the oldest goes) and final/;
+    per_param: a checkpoint's bytes per parameter (why: how they add up, planner/disk.py)."""
     shown = f"{free / GB:.1f} GB free in {output_dir}"
     if total_params is None:
         return Check("disk", INFO, f"{shown} (model size unknown: not checked)")
-    each = CHECKPOINT_BYTES_PER_PARAM * total_params
+    each = per_param * total_params
     kept = 2 if save_total_limit is None else save_total_limit + 1
-    needed = kept * each + FINAL_MODEL_BYTES_PER_PARAM * total_params
-    what = (f"{kept} checkpoints of {each / GB:.1f} GB ({CHECKPOINT_BYTES_PER_PARAM} bytes/param) and the "
-            f"{FINAL_MODEL_BYTES_PER_PARAM * total_params / GB:.1f} GB final model")
+    needed = kept * each + final_per_param * total_params
+    what = (f"{kept} checkpoints of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and the "
+            f"{final_per_param * total_params / GB:.1f} GB final model")
     data = {"free_gb": round(free / GB, 1), "needed_gb": round(needed / GB, 1)}
     if free < needed:
         return Check("disk", FAIL, f"{shown}, needs {needed / GB:.1f} GB for {what}: free space, mount a larger "
@@ -162,6 +173,13 @@ def check_disk(free: int, output_dir: str, total_params: int | None, save_total_
         return Check("disk", WARN, f"{shown}: no save_total_limit, so every checkpoint stays ({each / GB:.1f} GB "
                      "each); set one", data)
     return Check("disk", OK, f"{shown}, needs {needed / GB:.1f} GB for {what}", data)
+
+
+def check_room(checkpoint_bytes: int, free: int, kept: int, save_total_limit: int, saves_left: int,
+               final_bytes: int) -> Check:
+    """After a save (in rank 0): the checkpoint's real size against the room the rest of the run needs."""
+    fits, message = disk.room_after_save(checkpoint_bytes, free, kept, save_total_limit, saves_left, final_bytes)
+    return Check("disk", OK if fits else FAIL, message, {"checkpoint_bytes": checkpoint_bytes, "free_bytes": free})
 
 
 # --- Links between GPUs
@@ -229,7 +247,8 @@ def run(facts: Facts, needs: Needs) -> list[Check]:
         check_memlock(m.memlock_bytes, needs.offload, needs.host_bytes),
         check_shm(facts.shm_bytes, n),
         check_host_memory(m.host_memory_bytes or 0, needs.host_bytes, needs.offload),
-        check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit),
+        check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit,
+                   needs.checkpoint_bytes_per_param, needs.final_bytes_per_param, needs.checkpoint_why),
         check_topology(n, facts.topology),
         check_allreduce(n, facts.allreduce_gbps, facts.allreduce_error),
     ]

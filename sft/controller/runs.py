@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..handoff import RankReport, RunSpec, write_json
@@ -45,7 +44,7 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger, compile=d.compile,
         micro_batch=d.split.micro_batch, grad_accum=d.split.grad_accum,
         gradient_checkpointing=d.split.gradient_checkpointing, offload_activations=d.split.offload_activations,
-        trainer_args=json.loads(s.trainer_args or "{}"), node_timeout_seconds=s.node_timeout_seconds,
+        trainer_args=s.extra_trainer_args, node_timeout_seconds=s.node_timeout_seconds,
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
         record=d.record(), resume=str(resume) if resume else None)

@@ -22,18 +22,20 @@ def connect(s: Settings):
     if s.hub_repo is None:
         print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
         return None
-    target = preflight(s.hub_repo, os.environ.get("HF_TOKEN"))
+    target = preflight(s.hub_repo, token())
     print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min", flush=True)
     return target
 
 
-def already_done(paths: Paths, target) -> bool:
-    """A finished run on disk, or its final model on the Hub: a second start has nothing to do."""
+def token() -> str | None:
+    """The token the job uploads with (its one lookup: the start's check and the upload read it here)."""
+    return os.environ.get("HF_TOKEN")
+
+
+def already_done(target) -> bool:
+    """The final model on the Hub: a second start has nothing to do (a finished run on disk is found before)."""
     from ..hub.resume import final_on_hub
 
-    if paths.finished():
-        print(f"{paths.final} is already trained (see {paths.summary}); nothing to do.", flush=True)
-        return True
     if target is not None and final_on_hub(target.api, target.repo_id):
         print(f"the final model is already on {target.url}; nothing to do.", flush=True)
         return True

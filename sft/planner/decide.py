@@ -80,9 +80,7 @@ def decide(inputs: Inputs) -> Decision:
             "convert the checkpoint with DeepSpeed's universal checkpointing (python -m "
             "deepspeed.checkpoint.ds_to_universal) first", exitcodes.PREFLIGHT)
     reasons = {"ranks": why_ranks}
-    bf16 = s.precision == "bf16" or (s.precision == "auto" and ranks.on_gpu)
-    reasons["precision"] = ("bf16" if bf16 else "fp32") + (" (SFT_PRECISION)" if s.precision != "auto" else
-                                                          ", auto: bf16 on GPUs, fp32 on CPU")
+    bf16, reasons["precision"] = rules.precision(s, ranks)
     attention, reasons["attention"] = rules.attention(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
     split, searched, reasons["split"] = rules.batch_split(s, record, ranks.on_gpu)

@@ -31,6 +31,16 @@ def choose_ranks(s: Settings, machine: Machine) -> tuple[Ranks, str]:
     return Ranks(len(chosen), chosen, machine.nodes), f"GPUs {s.gpus} (SFT_GPUS)"
 
 
+def precision(s: Settings, ranks: Ranks) -> tuple[bool, str]:
+    """bf16 (True) or fp32; bf16 needs GPUs: the Trainer refuses it on CPU ranks (raises CannotRun)."""
+    if s.precision == "bf16" and not ranks.on_gpu:
+        raise CannotRun("SFT_PRECISION='bf16': this machine has no GPU, and the Trainer trains in bf16 on GPUs "
+                        "only: use fp32, or auto (fp32 on CPU)", exitcodes.BAD_SETTINGS)
+    bf16 = s.precision == "bf16" or (s.precision == "auto" and ranks.on_gpu)
+    return bf16, ("bf16" if bf16 else "fp32") + (" (SFT_PRECISION)" if s.precision != "auto" else
+                                                 ", auto: bf16 on GPUs, fp32 on CPU")
+
+
 def attention(s: Settings, ranks: Ranks) -> tuple[str, str]:
     if s.attention != "auto":
         return s.attention, f"{s.attention} (SFT_ATTENTION)"

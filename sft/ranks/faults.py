@@ -1,10 +1,12 @@
 """The one seam where tests inject faults into a rank: a machine with no GPU cannot run out of GPU memory,
 so the controller's answers to it (escalation, the batch search passing a split over) are tested end to
-end by raising the real error here. Read from SFTTEST_* variables, which no user sets."""
+end by raising the real error here; and a disk that another writer fills just before a save, so the save
+meets a real full disk. Read from SFTTEST_* variables, which no user sets."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -24,3 +26,14 @@ def inject(spec: RunSpec) -> None:
 
 def _listed(variable: str) -> list[str]:
     return os.environ.get(variable, "").split(",")
+
+
+def fill_disk(step: int) -> None:
+    """SFTTEST_FILL_DISK=STEP:LEFT:PATH: at that step, before its checkpoint, another writer fills the disk that
+    holds PATH with a file there, leaving LEFT bytes free."""
+    at, left, path = (os.environ.get("SFTTEST_FILL_DISK", "").split(":", 2) + ["", ""])[:3]
+    if not path or int(at) != step:
+        return
+    st = os.statvfs(Path(path).parent)
+    with open(path, "wb") as filler:
+        os.posix_fallocate(filler.fileno(), 0, max(st.f_bavail * st.f_frsize - int(left), 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from ..handoff import CheckpointRecord, RankReport
+from . import faults
 
 
 class StopRequest:
@@ -57,7 +59,38 @@ class ProgressCallback(TrainerCallback):
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
         if control.should_save and state.is_world_process_zero:
+            faults.fill_disk(state.global_step)
             # Before the Trainer writes the checkpoint (trainer_state.json last), so a complete checkpoint
-            # always says which stage and how many ranks wrote it: a resume must use the same.
-            self.record.save(Path(args.output_dir) / f"checkpoint-{state.global_step}" / CheckpointRecord.FILE)
+            # always says which stage and how many ranks wrote it (a resume must use the same), and the
+            # tokens so far (TRL counts from zero in each process: a resume counts on from these).
+            record = dataclasses.replace(self.record, tokens=int(tokens))
+            record.save(Path(args.output_dir) / f"checkpoint-{state.global_step}" / CheckpointRecord.FILE)
         return control
+
+    def on_save(self, args, state, control, **kwargs):
+        """After each checkpoint: when the disk cannot hold the rest of the run, every rank stops here, at a
+        complete checkpoint, instead of failing at a later save (the controller then exits 3)."""
+        if state.is_world_process_zero:
+            check = room_after(args, state, kwargs["model"])
+            print(f"[rank 0] disk after checkpoint-{state.global_step}: {check.message}", flush=True)
+            if check.status == "fail":
+                self.report.stop_reason = check.message
+                self.stop.requested = True
+        if self.stop.agreed():  # every rank takes part: one rank's verdict stops them all
+            control.should_training_stop = True
+        return control
+
+
+def room_after(args, state, model):
+    """The newest checkpoint's real size against the room the rest of the run needs (a preflight Check)."""
+    from ..checkpoints import all_checkpoints
+    from ..controller.machine import folder_bytes, free_disk
+    from ..controller.preflight import check_room
+    from ..planner import disk
+
+    out = Path(args.output_dir)
+    params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
+    return check_room(folder_bytes(out / f"checkpoint-{state.global_step}"), free_disk(str(out)),
+                      len(all_checkpoints(out)), args.save_total_limit,
+                      disk.saves_left(state.global_step, state.max_steps, args.save_steps),
+                      params * disk.weight_bytes(args.bf16))

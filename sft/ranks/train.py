@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .. import exitcodes
-from ..handoff import RankReport, RunSpec
+from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
 from . import faults, profiling
 from .progress import ProgressCallback, StopRequest
@@ -36,6 +36,7 @@ def main(spec_path: str) -> int:
     report = RankReport(mode=spec.mode)
     try:
         trainer = build_trainer(spec, on_gpu, stop, report)
+        report.tokens_before = _resumed_tokens(trainer, spec)
         faults.inject(spec)
         _reset_peak_memory(on_gpu)
         result = trainer.train(resume_from_checkpoint=spec.resume)
@@ -95,6 +96,15 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         (Path(spec.report_dir) / f"{spec.mode}-ds_config.json").write_text(
             json.dumps(config.hf_deepspeed_config.config, indent=2, default=str))
     return trainer
+
+
+def _resumed_tokens(trainer, spec: RunSpec) -> int:
+    """TRL counts the tokens trained on from zero in each process: a resume goes on from its checkpoint's count
+    (recorded by ProgressCallback), so its num_tokens logs and the summary count the whole run."""
+    record = CheckpointRecord.load(Path(spec.resume) / CheckpointRecord.FILE) if spec.resume else None
+    tokens = (record.tokens or 0) if record else 0
+    trainer._total_train_tokens = tokens  # SFTTrainer's counter (no public setter); its num_tokens metric reads it
+    return tokens
 
 
 def _results(report: RankReport, trainer, result, stop: StopRequest) -> None:

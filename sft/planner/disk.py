@@ -1,0 +1,85 @@
+"""What the output folder's disk must hold: a checkpoint's size before the first save (from the precision,
+the ZeRO stage and the optimizer), and after each save whether the rest of the run still fits. Pure.
+
+A checkpoint, as the Trainer and DeepSpeed write it (on the demo model's 103,040 parameters in fp32, 20
+bytes/param predicted at ZeRO-2 and 16 at ZeRO-3, 2.35 and 1.84 MB measured: the rest is the tokenizer,
+RNG states and scripts every checkpoint holds; docs/how-it-works.md):
+    model.safetensors        the weights in the run's precision (ZeRO-3: gathered, as the shipped configs say)
+    mp_rank_00_model_states  the weights again in the run's precision, at ZeRO-1 and 2 only
+    *_optim_states           DeepSpeed's fp32 master weights (4 bytes/param, in fp32 runs too) and the
+                             optimizer's own state (AdamW: two fp32 moments, 8 bytes/param)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MASTER_BYTES = 4  # DeepSpeed's fp32 copy of the weights, which ZeRO keeps whatever the precision
+DEFAULT_OPTIMIZER = "adamw_torch"  # the Trainer's, unless SFT_TRAINER_ARGS or the DeepSpeed file name another
+# The optimizer's state tensors per parameter, by a word in its name (the Trainer's `optim` or DeepSpeed's
+# optimizer type); the first word found counts, and a name with none is taken as Adam-like (two).
+STATES = (("ademamix", 3), ("adafactor", 0), ("lomo", 0), ("lion", 1), ("sgd", 1), ("rmsprop", 1), ("adagrad", 1),
+          ("adam", 2), ("lamb", 2))
+
+
+def weight_bytes(bf16: bool) -> int:
+    return 2 if bf16 else 4
+
+
+def optimizer_of(ds_config: Mapping[str, Any], trainer_args: Mapping[str, Any]) -> str:
+    """The optimizer the ranks will run: the DeepSpeed file's own, else SFT_TRAINER_ARGS' optim, else the Trainer's."""
+    section = ds_config.get("optimizer")
+    if isinstance(section, Mapping) and isinstance(section.get("type"), str):
+        return section["type"]
+    return str(trainer_args.get("optim", DEFAULT_OPTIMIZER))
+
+
+def optimizer_state_bytes(optimizer: str) -> tuple[float, str]:
+    """Bytes per parameter of the optimizer's state, and what they are."""
+    name = optimizer.lower()
+    states = next((n for word, n in STATES if word in name), None)
+    width = 1.0 if "8bit" in name else 0.5 if "4bit" in name else 4.0
+    if states is None:
+        return 2 * width, f"{optimizer}: taken as Adam-like, 2 states"
+    return states * width, f"{optimizer}: {states} state(s) of {width:g} byte(s)"
+
+
+def checkpoint_bytes_per_param(bf16: bool, zero: int, optimizer: str) -> tuple[float, str]:
+    """A checkpoint's bytes per parameter, and the sum that makes them."""
+    weights = weight_bytes(bf16) * (1 if zero >= 3 else 2)  # ZeRO-1 and 2 also save the module's weights
+    state, what = optimizer_state_bytes(optimizer)
+    total = weights + MASTER_BYTES + state
+    copies = "once" if zero >= 3 else "twice"
+    return total, (f"{total:g} bytes/param: {'bf16' if bf16 else 'fp32'} weights {copies} ({weights}), fp32 master "
+                   f"weights ({MASTER_BYTES}), optimizer state ({what}: {state:g})")
+
+
+def saves_left(step: int, max_steps: int, save_steps: int) -> int:
+    """Checkpoints the Trainer still writes after `step`: every save_steps, and one at the last step."""
+    if max_steps <= step:
+        return 0
+    periodic = max_steps // save_steps - step // save_steps
+    return periodic + (0 if max_steps % save_steps == 0 else 1)
+
+
+def room_after_save(checkpoint_bytes: int, free_bytes: int, kept: int, save_total_limit: int, left: int,
+                    final_bytes: int) -> tuple[bool, str]:
+    """After a save: whether the disk holds the rest of the run (the checkpoints still to come, up to
+    save_total_limit + 1 at once, since a new one is written before the oldest goes, then final/)."""
+    more = max(min(kept + left, save_total_limit + 1) - kept, 0)
+    needed = more * checkpoint_bytes + final_bytes
+    gb = 1e9
+    shown = (f"a checkpoint takes {checkpoint_bytes / gb:.3g} GB on disk; {free_bytes / gb:.3g} GB free, the rest of "
+             f"the run needs {needed / gb:.3g} GB ({more} more checkpoint(s) at once and the "
+             f"{final_bytes / gb:.3g} GB final model)")
+    if free_bytes >= needed:
+        return True, shown
+    return False, (f"{shown}: the disk would fill before the run ends, so it stops now, at this complete "
+                   "checkpoint. Free space or mount a larger volume (or lower SFT_SAVE_TOTAL_LIMIT), then start "
+                   "again: it resumes from here")
+
+
+def full_after_failure(free_bytes: int, checkpoint_bytes: int | None) -> bool:
+    """A failed run whose disk has not room for one more checkpoint failed for room, most likely."""
+    return checkpoint_bytes is not None and free_bytes < checkpoint_bytes
