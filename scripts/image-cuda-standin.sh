@@ -83,10 +83,12 @@ check "DeepSpeed recorded the cuda accelerator for its ops" grep -q "^accelerato
 # On a GPU machine DeepSpeed detects cuda; here it must be told. Loads from the package, compiles nothing.
 loaded=$("$DOCKER" run --rm --network none -e DS_ACCELERATOR=cuda --entrypoint /opt/venv/bin/python "$IMAGE" -c \
   "import os, deepspeed; from deepspeed.ops.op_builder import CPUAdamBuilder; m = CPUAdamBuilder().load()
-print('loaded', m.__file__, 'from the package' if m.__file__.startswith(os.path.dirname(deepspeed.__file__)) else 'JIT')" \
+here = m.__file__.startswith(os.path.dirname(deepspeed.__file__))
+print('loaded', m.__file__, 'from the package' if here else 'JIT')" \
   2>&1 | tail -1)
 echo "  $loaded"
-check "as the job's user, CPU Adam loads from the package under the cuda accelerator" grep -q "from the package$" <<< "$loaded"
+check "as the job's user, CPU Adam loads from the package under the cuda accelerator" \
+  grep -q "from the package$" <<< "$loaded"
 # nvcc, cicc, ptxas, the toolkit's headers and libcudart: torch's JIT extension build (the one DeepSpeed's
 # ops use on GPUs) compiles, links and imports a kernel that includes ATen's CUDA context and cuRAND, for
 # Hopper (sm_90: there is no GPU here to ask). About five minutes on two busy cores.
@@ -124,6 +126,7 @@ cached() { [ "$1" -lt 30 ] && echo " (Docker's layer cache: delete the images to
 base_size=$("$DOCKER" image inspect -f '{{.Size}}' "$STANDIN")
 size=$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")
 echo "stand-in base $STANDIN: $(( base_size / 1000000 )) MB, built in ${standin_s} s$(cached "$standin_s")"
-echo "image $IMAGE: $(( size / 1000000 )) MB ($(( (size - base_size) / 1000000 )) MB above the base), built in ${image_s} s$(cached "$image_s")"
+echo "image $IMAGE: $(( size / 1000000 )) MB ($(( (size - base_size) / 1000000 )) MB above the base)," \
+  "built in ${image_s} s$(cached "$image_s")"
 echo "total: $(( $(date +%s) - started )) s; failed checks: $failures"
 [ "$failures" = 0 ]
