@@ -1,5 +1,5 @@
 # Full fine-tuning on DeepSpeed ZeRO in one image. `make help` lists the targets.
-.PHONY: help setup demo test image test-image run probe lock clean
+.PHONY: help setup demo test image image-cuda-standin test-image run probe lock clean
 
 # the interpreter the host venv is made from
 PYTHON ?= python3.11
@@ -11,6 +11,8 @@ IMAGE ?= sft-zero:latest
 BASE_IMAGE ?=
 # the docker command; it must build with BuildKit (the buildx plugin, or Debian's docker.io CLI)
 DOCKER ?= docker
+# further flags for `docker build` (e.g. --network host where a build reaches PyPI only through the host's)
+DOCKER_BUILD_FLAGS ?=
 # a CA bundle pip needs to reach PyPI (default: pip's own PIP_CERT), handed to the build as a secret
 PIP_CERT ?=
 # the image's OCI labels
@@ -24,7 +26,7 @@ PY := $(VENV)/bin/python
 comma := ,
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-19s %s\n", $$1, $$2}'
 
 setup:  ## make the venv and install requirements.lock (the same step the image runs)
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +42,13 @@ test:  ## the test suite (CPU; GPU tests skip with their reason)
 	$(PY) -m pytest -q
 
 image:  ## build the image users run (CUDA devel base) and print its size
-	DOCKER_BUILDKIT=1 $(DOCKER) build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  $(if $(PIP_CERT),--secret id=pipcert$(comma)src=$(PIP_CERT)) \
 	  --build-arg VERSION=$(VERSION) --build-arg SOURCE_URL=$(SOURCE_URL) -t $(IMAGE) .
 	@$(DOCKER) images $(IMAGE) --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
+
+image-cuda-standin:  ## `make image` on a stand-in CUDA base from NVIDIA's PyPI wheels, checked inside (no GPU; not in CI)
+	scripts/image-cuda-standin.sh
 
 test-image:  ## build the CI variant of the image (CPU, Debian base) and check it as a user runs it
 	IMAGE=$(CI_IMAGE) scripts/test-image.sh

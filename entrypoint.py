@@ -18,6 +18,7 @@ import click
 
 from sft import exitcodes
 from sft.controller import inputs as checks
+from sft.hub import transport
 from sft.settings import ECOSYSTEM_VARS, Settings, SettingsError, describe, from_env
 
 
@@ -62,6 +63,7 @@ def load_settings(finders=()) -> Settings:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Fine-tune a model as the SFT_* environment variables say. With no command: `run`."""
+    transport.choose()  # before anything imports huggingface_hub, which reads it then; the ranks inherit it
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
 

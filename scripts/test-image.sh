@@ -304,7 +304,7 @@ hub_env=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -
          -e SFT_MAX_LENGTH=256 -e SFT_PACKING=false -e SFT_PROBE_STEPS=0 -e SFT_SAVE_STEPS=4
          -e SFT_LOGGING_STEPS=1 -e SFT_EPOCHS="$epochs" -e SFT_HUB_REPO="$hub_repo" -e SFT_UPLOAD_MINUTES=0.02
          -e SFT_STOP_GRACE_SECONDS=$(( STOP_TIMEOUT - 30 )) -e HF_TOKEN="$fake_token" -e HF_ENDPOINT="$hub_url"
-         -e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_TELEMETRY=1)
+         -e HF_HUB_DISABLE_TELEMETRY=1)
 echo "local Hub at $hub_url (pid $hub_pid, root $hub_root); repo $hub_repo"
 
 # 1. The run uploads its checkpoints as it trains; once one is on the Hub, docker stop.
@@ -380,7 +380,7 @@ node_steps=64  # about 6 s of training: several upload rounds of node 0 come dur
 node_job=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -e SFT_ZERO_STAGE=3
           -e SFT_MAX_LENGTH=256 -e SFT_PACKING=false -e SFT_PRECISION=fp32 -e SFT_SEED=0 -e SFT_LOGGING_STEPS=1
           -e SFT_LEARNING_RATE=2e-3 -e SFT_MAX_STEPS="$node_steps" -e SFT_SAVE_STEPS=4 -e SFT_PROBE_STEPS=0
-          -e SFT_NODE_TIMEOUT_SECONDS=30 -e OMP_NUM_THREADS=1 -e HF_HUB_DISABLE_XET=1 -e HF_HUB_DISABLE_TELEMETRY=1)
+          -e SFT_NODE_TIMEOUT_SECONDS=30 -e OMP_NUM_THREADS=1 -e HF_HUB_DISABLE_TELEMETRY=1)
 losses() { python3 -c "import json,sys; h=json.load(open(sys.argv[1]))['train']['log_history']
 print(json.dumps({e['step']: e['loss'] for e in h if 'loss' in e}))" "$1"; }
 free_port_pair() { python3 - <<'PY'

@@ -36,6 +36,7 @@ ECOSYSTEM_VARS = {
     "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO; read at run time, never stored.",
     "HF_HOME": "Hugging Face cache (models, datasets); in the image, under the mounted /data.",
     "HF_HUB_OFFLINE": "1: never contact the Hub (models and data must be local or cached).",
+    "HF_HUB_DISABLE_XET": "Unset: the job sets 1, so uploads take Git LFS, the path its tests run; 0: Xet.",
     "CUDA_VISIBLE_DEVICES": "The GPUs the container sees; SFT_GPUS picks among them.",
     **nodes.VARIABLES,
 }

@@ -89,6 +89,32 @@ def test_file_differing_from_manifest_skipped_for_the_previous(target, on_hub, t
     assert any("checkpoint-6" in line and "torn" in line and word in line for line in lines)
 
 
+def test_small_git_file_differing_from_manifest_is_caught_after_the_download(target, on_hub, tmp_path):
+    """The Hub records no sha256 for a small file it keeps in git: the manifest catches it after the download."""
+    target.api.create_commit(REPO, [CommitOperationAdd("checkpoint-6/latest", b"global_step3")],  # same size
+                             commit_message="checkpoint-6: latest changed")
+    lines = []
+    got = hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lines.append)
+    assert got.name == "checkpoint-4"
+    assert any("checkpoint-6" in line and "torn" in line and "latest: sha256 differs from the manifest" in line
+               for line in lines)
+
+
+def test_bytes_the_hub_serves_unlike_its_own_record_are_caught(target, on_hub, hub_server, tmp_path):
+    """verify_repo_checksums: bytes served that do not match the Hub's sha256 (storage gone bad) never land."""
+    rel = "global_step6/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    blob = hub_server.store.blob_path(build_manifest(on_hub / "checkpoint-6")[0]["files"][rel]["sha256"])
+    data = blob.read_bytes()
+    blob.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # same size: only hashing tells
+    lines = []
+    fresh = tmp_path / "fresh"
+    got = hub_resume.resume_from_hub(target.api, REPO, fresh, log=lines.append)
+    assert got == fresh / "checkpoint-4"
+    assert not (fresh / "checkpoint-6").exists()
+    assert any("checkpoint-6" in line and "torn" in line and f"{rel}: its sha256 differs from the Hub's record"
+               in line for line in lines), lines
+
+
 def test_verify_checks_sizes_and_sha256(tmp_path):
     folder = make_checkpoint(tmp_path, 2)
     manifest, _ = build_manifest(folder)

@@ -89,7 +89,10 @@ def hub(tmp_path_factory) -> HubProcess:
 def job_env(hub: HubProcess, tmp: Path, repo: str | None, token: str | None = TOKEN, **settings) -> dict[str, str]:
     SCANNED_DIRS.append(tmp)
     env = demo_env(tmp, **{**JOB, **settings})
-    env.update(client_env(hub.url, tmp / "hf-home"))  # HF_ENDPOINT, HF_HUB_OFFLINE=0, HF_HUB_DISABLE_XET=1
+    env.update(client_env(hub.url, tmp / "hf-home"))  # HF_ENDPOINT, HF_HUB_OFFLINE=0, ...
+    # Not set by us: the job chooses Git LFS itself (sft/hub/transport.py), as it does for users. With hf_xet
+    # installed, a job that did not would upload through Xet, which this server refuses (501).
+    del env["HF_HUB_DISABLE_XET"]
     if repo is not None:
         env["SFT_HUB_REPO"] = repo
     if token is not None:
@@ -281,6 +284,13 @@ def test_checkpoints_reach_the_hub_during_training_at_the_interval(hub, cadence)
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # newer each time, never one twice
     assert all(s % JOB["save_steps"] == 0 for s in steps)
     assert "upload: every 1.2 s" in cadence.output and "is on the Hub" in cadence.output
+
+
+def test_uploads_go_through_git_lfs_as_the_job_chose_with_no_variable_set(hub, cadence):
+    assert "hub: uploading to" in cadence.output and "through Git LFS" in cadence.output
+    log = [e for e in hub.request_log() if "/alice/cadence" in e["path"]]
+    assert any(e["path"].endswith(".git/info/lfs/objects/batch") for e in log)
+    assert not any("xet" in e["path"] for e in log)
 
 
 def test_only_complete_checkpoints_and_each_manifest_after_its_files(hub, cadence):

@@ -17,13 +17,14 @@ from .output import Paths
 
 def connect(s: Settings):
     """Check the token and the private repo before any GPU work; None when no repo is named (raises HubError)."""
+    from ..hub import transport
     from ..hub.preflight import preflight
 
     if s.hub_repo is None:
         print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
         return None
     target = preflight(s.hub_repo, token())
-    print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min", flush=True)
+    print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min, {transport.describe()}", flush=True)
     return target
 
 

@@ -1,8 +1,10 @@
 """Resume from the Hub on a fresh disk: the newest checkpoint whose manifest is up, downloaded and verified.
 
-A checkpoint on the Hub counts only with its manifest (the uploader commits it after the files). A
-download is checked against it, file by file (size, then sha256), in OUTPUT/run/hub-download/, and
-only a whole one is moved to OUTPUT/checkpoint-N: a torn checkpoint never appears in the output folder.
+A checkpoint on the Hub counts only with its manifest (the uploader commits it after the files): the
+manifest says which files make it and what the uploader hashed. The Hub's own record of each file must
+match the manifest before anything is downloaded; after the download, into OUTPUT/run/hub-download/,
+huggingface_hub's verify_repo_checksums checks every byte against that record. Only a whole checkpoint is
+moved to OUTPUT/checkpoint-N: a torn one never appears in the output folder.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ def final_on_hub(api, repo_id: str) -> bool:
     return f"{FINAL}/{MANIFEST}" in set(api.list_repo_files(repo_id))
 
 
-def _read_manifest(api, repo_id: str, prefix: str, work: Path) -> dict[str, Any]:
+def _read_manifest(api, repo_id: str, prefix: str, work: Path, revision: str) -> dict[str, Any]:
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        path = api.hf_hub_download(repo_id, f"{prefix}/{MANIFEST}", local_dir=work)
+        path = api.hf_hub_download(repo_id, f"{prefix}/{MANIFEST}", local_dir=work, revision=revision)
     except EntryNotFoundError:
         raise TornCheckpoint("no manifest (its upload was cut off)") from None
     try:
@@ -46,14 +48,54 @@ def _read_manifest(api, repo_id: str, prefix: str, work: Path) -> dict[str, Any]
     return manifest
 
 
+def against_hub(manifest: dict[str, Any], prefix: str, on_hub: dict[str, Any]) -> list[str]:
+    """What the Hub's record (RepoFile by path) says differs from the manifest: checked before any download.
+
+    The Hub records a sha256 for LFS files only (the one the uploader sent: the manifest's); the small
+    files it keeps in git are checked against the manifest after the download.
+    """
+    problems = []
+    for rel, entry in manifest["files"].items():
+        hub_file = on_hub.get(f"{prefix}/{rel}")
+        if hub_file is None:
+            problems.append(f"{rel} is missing on the Hub")
+        elif hub_file.size != entry["size"]:
+            problems.append(f"{rel} has {hub_file.size} bytes on the Hub, the manifest says {entry['size']}")
+        elif hub_file.lfs is not None and hub_file.lfs.sha256 != entry["sha256"]:
+            problems.append(f"{rel}: the Hub's sha256 differs from the manifest")
+    return problems
+
+
+def check_download(api, repo_id: str, revision: str, work: Path, prefix: str, manifest: dict[str, Any],
+                   on_hub: dict[str, Any]) -> list[str]:
+    """What of the download differs from the Hub's record (verify_repo_checksums) or, for the small git-stored
+    files, from the manifest."""
+    # It compares the folder with the whole repo's tree: only this checkpoint's files count.
+    wanted = {f"{prefix}/{rel}" for rel in manifest["files"]}
+    result = api.verify_repo_checksums(repo_id, revision=revision, local_dir=work)
+    problems = [f"{m['path'].removeprefix(prefix + '/')}: its {m['algorithm']} differs from the Hub's record"
+                for m in result.mismatches if m["path"] in wanted]
+    problems += [f"{path.removeprefix(prefix + '/')} is missing after the download"
+                 for path in result.missing_paths if path in wanted]
+    small = {rel: e for rel, e in manifest["files"].items() if on_hub[f"{prefix}/{rel}"].lfs is None}
+    return problems + verify(work / prefix, {"files": small})
+
+
 def download_checkpoint(api, repo_id: str, step: int, output_dir: Path) -> Path:
     """checkpoint-N from the Hub into OUTPUT/checkpoint-N, verified against its manifest; raises TornCheckpoint."""
+    from huggingface_hub.hf_api import RepoFile
+
     prefix, output_dir = f"checkpoint-{step}", Path(output_dir)
     work = output_dir / "run" / DOWNLOAD_DIR
     shutil.rmtree(work, ignore_errors=True)
-    manifest = _read_manifest(api, repo_id, prefix, work)
-    api.snapshot_download(repo_id, local_dir=work, allow_patterns=[f"{prefix}/{rel}" for rel in manifest["files"]])
-    problems = verify(work / prefix, manifest)
+    revision = api.repo_info(repo_id).sha  # one commit for the manifest, the files and their check
+    manifest = _read_manifest(api, repo_id, prefix, work, revision)
+    paths = [f"{prefix}/{rel}" for rel in manifest["files"]]
+    on_hub = {f.path: f for f in api.get_paths_info(repo_id, paths, revision=revision) if isinstance(f, RepoFile)}
+    problems = against_hub(manifest, prefix, on_hub)
+    if not problems:
+        api.snapshot_download(repo_id, revision=revision, local_dir=work, allow_patterns=paths)
+        problems = check_download(api, repo_id, revision, work, prefix, manifest, on_hub)
     if problems:
         shutil.rmtree(work, ignore_errors=True)
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
