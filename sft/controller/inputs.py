@@ -61,7 +61,8 @@ def ds_file(s: Settings) -> list[str]:
         return []  # the settings named it already
     if not isinstance(config, dict) or "zero_optimization" not in config:
         return []  # the settings named it already
-    return [f"SFT_DS_CONFIG={s.ds_config!r}: {why}" for why in refused(config, s.micro_batch)]
+    # the batch is decided later (SFT_MICRO_BATCH may be unset); any whole number checks the file's own keys
+    return [f"SFT_DS_CONFIG={s.ds_config!r}: {why}" for why in refused(config, s.micro_batch or 1)]
 
 
 def model_config(s: Settings) -> list[str]:
