@@ -103,7 +103,9 @@ def _split(events) -> dict[str, Any]:
     """GPU time by phase (the sft.forward/backward/step ranges) and by kernel kind; idle: the phase's wall
     time the GPU ran no kernel."""
     ranges = {p: [(e.time_range.start, e.time_range.end) for e in events if e.name == f"sft.{p}"] for p in PHASES}
-    kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    # the sft.* ranges also appear on the GPU's timeline as annotations: they are spans, not kernels
+    kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith("sft.")]
     out: dict[str, Any] = {}
     for phase, spans in ranges.items():
         inside = [k for k in kernels if any(s <= k.time_range.start < e for s, e in spans)]
