@@ -200,7 +200,9 @@ MEASURED = [
     (Q4, 1, "2", 2, 2, 2048, False, 112.1), (Q4, 1, "3-offload", 1, 4, 2048, True, 13.1),
 ]
 # The same machine and day, with Liger's kernels (SFT_LIGER_KERNELS=true): the lever runs of docs/speed.md
-MEASURED_LIGER = [(Q4, 1, "2", 2, 2, 2048, False, 100.18), (Q4, 1, "2", 4, 1, 2048, True, 89.9)]
+MEASURED_LIGER = [(Q4, 1, "2", 2, 2, 2048, False, 100.18), (Q4, 1, "2", 4, 1, 2048, True, 89.9),
+                  # 2026-12-01, the compiled defaults with one 131,072-token row (docs/long-rows.md)
+                  (Q4, 1, "2", 1, 1, 131072, True, 120.8)]
 
 
 @pytest.mark.parametrize("shape,gpus,option,mb,accum,length,ckpt,measured,liger",
