@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import exitcodes, nodes
+from ..console import say
 from ..handoff import Summary, write_json
 from ..planner import decide
 from ..planner import rules
@@ -33,10 +34,10 @@ def run(s: Settings, probe_only: bool = False) -> int:
         ranks, _ = rules.choose_ranks(s, facts.machine)
         team = coordinate.join(s, where, ranks)
     except CannotRun as e:
-        print(f"error: {e}", flush=True)
+        say(f"error: {e}")
         return e.exit_code
     except coordinate.NodesFailed as e:
-        print(f"error: {e}", flush=True)
+        say(f"error: {e}")
         return exitcodes.PREFLIGHT
     if not team.leads:
         return team.follow(Stopper())
@@ -70,14 +71,14 @@ class Job:
             write_json(self.paths.run / "settings.json", self.s.to_dict())
             resume = uploads.resume_point(self.paths, self.target)
         except HubError as e:
-            print(f"error: {e.message}", flush=True)
+            say(f"error: {e.message}")
             return e.exit_code
         self.summary.resumed_from = str(resume) if resume else None
         try:
             given = inputs.read(self.s, self.facts.machine, resume)
             d = self._decided(decide.decide(given))
         except CannotRun as e:
-            print(f"error: {e}", flush=True)
+            say(f"error: {e}")
             return self._close(e.exit_code, "preflight failed")
         self.facts = machine.measure_links(self.facts, d.ranks)
         if (code := self._preflight(given, d, probe_only)) is not None:
@@ -88,13 +89,13 @@ class Job:
             if outcome.code != exitcodes.DONE or probe_only:
                 return self._close(outcome.code, "probed" if outcome.code == exitcodes.DONE else "probe failed", d)
         elif probe_only:
-            print("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)", flush=True)
+            say("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)")
             return exitcodes.DONE
         return self._train(d, resume)
 
     def _decided(self, d: Decision) -> Decision:
-        print(format_table(d.plan), flush=True)
-        print("decided:\n" + d.explain(), flush=True)
+        say(format_table(d.plan))
+        say("decided:\n" + d.explain())
         self.summary.plan = d.plan.to_dict()
         return d
 
@@ -103,10 +104,10 @@ class Job:
         # the probe alone writes no checkpoint: its disk needs are not the run's
         needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, self.s.save_total_limit)
         checks = preflight.run(self.facts, needs)
-        print("preflight:\n" + preflight.format_checks(checks), flush=True)
+        say("preflight:\n" + preflight.format_checks(checks))
         self.summary.preflight = [dict(name=c.name, status=c.status, message=c.message) for c in checks]
         if preflight.failed(checks):
-            print("error: preflight found problems that make this run impossible (above)", flush=True)
+            say("error: preflight found problems that make this run impossible (above)")
             return exitcodes.PREFLIGHT
         return None
 
@@ -119,20 +120,19 @@ class Job:
     def _train(self, d: Decision, resume: Path | None) -> int:
         if self.stopper.requested:
             return self._close(exitcodes.STOPPED, "stopped", d)
-        print(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"),
-              flush=True)
+        say(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"))
         self.uploader = uploads.start(self.s, self.target, self.paths)
         started = time.time()
         code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, self.s.max_steps, resume))
         self.summary.train = train = train_results(reports, time.time() - started)
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
-            print(figures.against_run_line(check), flush=True)
+            say(figures.against_run_line(check))
         if self.stopper.requested or train.get("status") == "stopped":
             return self._close(exitcodes.STOPPED, "stopped", d)
         if code != 0 or train.get("status") != "done":
-            print(f"error: training failed (launcher exit code {code}); complete checkpoints are kept and a new "
-                  f"start resumes from the newest", flush=True)
+            say(f"error: training failed (launcher exit code {code}); complete checkpoints are kept and a new "
+                  f"start resumes from the newest")
             return self._close(exitcodes.TRAIN_FAILED, "failed", d)
         return self._close(exitcodes.DONE, "done", d)
 
@@ -151,7 +151,7 @@ class Job:
         if self.uploader is not None:
             code = uploads.finish(self.uploader, code, self.paths, summary,
                                   uploads.grace_left(self.s, self.stopper.requested_at))
-        print(f"{status}: exit code {code}; summary in {self.paths.summary}", flush=True)
+        say(f"{status}: exit code {code}; summary in {self.paths.summary}")
         return code
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..console import say
 from ..lifeline import die_with_parent
 from ..nodes import Nodes
 from ..planner.inputs import Ranks
@@ -79,7 +80,7 @@ class Launch:
 
     def run(self) -> int:
         """Run to the end; return the launcher's exit code."""
-        print("$ " + " ".join(self.cmd), flush=True)
+        say("$ " + " ".join(self.cmd))
         # The launcher runs in its own session (signals reach this process first) and dies with it
         # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
         guarded = [sys.executable, "-m", __name__, str(os.getpid()), *self.cmd]
@@ -97,13 +98,13 @@ class Launch:
         self.stop_file.parent.mkdir(parents=True, exist_ok=True)
         self.stop_file.touch()
         self.deadline = time.monotonic() + self.settings.stop_grace_seconds
-        print(f"stop requested: the ranks save a checkpoint and stop "
-              f"(SFT_STOP_GRACE_SECONDS={self.settings.stop_grace_seconds})", flush=True)
+        say(f"stop requested: the ranks save a checkpoint and stop "
+              f"(SFT_STOP_GRACE_SECONDS={self.settings.stop_grace_seconds})")
 
     def _enforce_deadline(self) -> None:
         if self.deadline is None or time.monotonic() < self.deadline or self.proc is None:
             return
-        print("grace period over: stopping the ranks", flush=True)
+        say("grace period over: stopping the ranks")
         _signal_group(self.proc, signal.SIGTERM)
         try:
             self.proc.wait(timeout=KILL_AFTER_SECONDS)
@@ -128,7 +129,7 @@ class Stopper:
         signal.signal(signal.SIGINT, self.handle)
 
     def handle(self, signum, frame) -> None:
-        print(f"received {signal.Signals(signum).name}", flush=True)
+        say(f"received {signal.Signals(signum).name}")
         self.requested_at = self.requested_at or time.monotonic()
         if self.launch is not None:
             self.launch.stop()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from .. import checkpoints, exitcodes
+from ..console import say
 from ..handoff import Summary
 from ..settings import Settings
 from .output import Paths
@@ -20,10 +21,10 @@ def connect(s: Settings):
     from ..hub.preflight import preflight
 
     if s.hub_repo is None:
-        print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
+        say("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)")
         return None
     target = preflight(s.hub_repo, os.environ.get("HF_TOKEN"))
-    print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min", flush=True)
+    say(f"hub: uploading to {target.url} every {s.upload_minutes:g} min")
     return target
 
 
@@ -32,10 +33,10 @@ def already_done(paths: Paths, target) -> bool:
     from ..hub.resume import final_on_hub
 
     if paths.finished():
-        print(f"{paths.final} is already trained (see {paths.summary}); nothing to do.", flush=True)
+        say(f"{paths.final} is already trained (see {paths.summary}); nothing to do.")
         return True
     if target is not None and final_on_hub(target.api, target.repo_id):
-        print(f"the final model is already on {target.url}; nothing to do.", flush=True)
+        say(f"the final model is already on {target.url}; nothing to do.")
         return True
     return False
 
@@ -65,14 +66,14 @@ def finish(uploader, code: int, paths: Paths, summary: Summary, grace_left_s: fl
     """Stopped or failed: flush the newest checkpoint in the grace left. Done: final model and reports."""
     if code != exitcodes.DONE:
         if not uploader.flush(grace_left_s):
-            print(f"warning: the newest checkpoint did not reach the Hub: {uploader.behind()}", flush=True)
+            say(f"warning: the newest checkpoint did not reach the Hub: {uploader.behind()}")
         uploader.stop(5)
         return code
     missing = uploader.finish(paths.final, paths.run, summary.to_dict())
     summary.hub = uploader.uploaded()
     summary.save(paths.summary)
     if missing:
-        print("error: trained, but not uploaded: " + "; ".join(missing), flush=True)
+        say("error: trained, but not uploaded: " + "; ".join(missing))
         return exitcodes.UPLOAD_INCOMPLETE
     return code
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import exitcodes
+from ..console import say
 from .errors import HubError, http_status, redact, retry_after, short_error, transient
 
 PREFLIGHT_TRIES = 3  # whoami, repo_info and create_repo are not retried by huggingface_hub itself
@@ -113,7 +114,7 @@ def _ensure_private(api, repo_id: str) -> bool:
         raise HubError(f"{repo_id} on {api.endpoint} is public, and this job never uploads to a public repo (a "
                        "checkpoint is the whole training state): make it private on its settings page, or set "
                        "SFT_HUB_REPO to a new name, which the job creates private", exitcodes.HUB_PUBLIC_REPO)
-    print(f"hub: {'created private repo' if created else 'private repo'} {api.endpoint}/{repo_id}", flush=True)
+    say(f"hub: {'created private repo' if created else 'private repo'} {api.endpoint}/{repo_id}")
     return created
 
 

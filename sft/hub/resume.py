@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import exitcodes
+from ..console import say
 from .errors import HubError, redact, short_error
 from ..units import size_text
 from .manifest import FINAL, MANIFEST, hub_checkpoints, verify
@@ -60,7 +61,7 @@ def download_checkpoint(api, repo_id: str, step: int, output_dir: Path) -> Path:
         raise TornCheckpoint("; ".join(problems[:3]) + more)
     dest = output_dir / prefix
     if dest.exists():  # an incomplete local copy: a complete one would have been resumed from instead
-        print(f"warning: replacing the incomplete {dest} with the Hub's verified copy", flush=True)
+        say(f"warning: replacing the incomplete {dest} with the Hub's verified copy")
         shutil.rmtree(dest)
     os.replace(work / prefix, dest)  # one rename: checkpoint-N appears whole or not at all
     shutil.rmtree(work, ignore_errors=True)
@@ -68,7 +69,7 @@ def download_checkpoint(api, repo_id: str, step: int, output_dir: Path) -> Path:
 
 
 def resume_from_hub(api, repo_id: str, output_dir: Path,
-                    log: Callable[[str], None] = lambda line: print(line, flush=True)) -> Path | None:
+                    log: Callable[[str], None] = say) -> Path | None:
     """The newest whole checkpoint on the Hub, downloaded into OUTPUT; torn ones are skipped with a warning."""
     try:
         complete, present = hub_checkpoints(api.list_repo_files(repo_id))

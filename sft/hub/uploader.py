@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import checkpoints
+from ..console import say
 from .card import upload_reports
 from .errors import TokenFound, http_status, redact, retry_after, short_error, transient
 from .manifest import FINAL, MANIFEST, FolderSender, Vanished, hub_checkpoints
@@ -76,7 +77,7 @@ class Uploader:
 
         disable_progress_bars()  # tqdm bars from a background thread garble the ranks' log lines
         self.target, self.out = target, Path(output_dir)
-        self._print = log or (lambda line: print(line, flush=True))
+        self._print = log or say
         interval_s = float(interval_s)
         self._backoff = Backoff(interval_s, retry_s if retry_s is not None else min(30.0, interval_s / 2))
         self._sender = FolderSender(target.api, target.repo_id, self.out / "run" / "upload-staging", self._log)
