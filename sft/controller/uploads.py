@@ -5,7 +5,6 @@ The protocol itself (preflight, manifests, the uploader's schedule, retention, r
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -18,12 +17,15 @@ from .output import Paths
 
 def connect(s: Settings):
     """Check the token and the private repo before any GPU work; None when no repo is named (raises HubError)."""
+    from huggingface_hub import get_token
+
     from ..hub.preflight import preflight
 
     if s.hub_repo is None:
         say("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)")
         return None
-    target = preflight(s.hub_repo, os.environ.get("HF_TOKEN"))
+    # huggingface_hub's own lookup: HF_TOKEN, else the file at HF_TOKEN_PATH, else `hf auth login`'s
+    target = preflight(s.hub_repo, get_token(), revision=s.hub_revision)
     say(f"hub: uploading to {target.url} every {s.upload_minutes:g} min")
     return target
 
@@ -35,7 +37,7 @@ def already_done(paths: Paths, target) -> bool:
     if paths.finished():
         say(f"{paths.final} is already trained (see {paths.summary}); nothing to do.")
         return True
-    if target is not None and final_on_hub(target.api, target.repo_id):
+    if target is not None and final_on_hub(target.api, target.repo_id, target.revision):
         say(f"the final model is already on {target.url}; nothing to do.")
         return True
     return False
@@ -47,17 +49,17 @@ def resume_point(paths: Paths, target) -> Path | None:
 
     resume = checkpoints.latest_complete(paths.out)
     if resume is None and target is not None:
-        resume = resume_from_hub(target.api, target.repo_id, paths.out)
+        resume = resume_from_hub(target.api, target.repo_id, paths.out, revision=target.revision)
     return resume
 
 
-def start(s: Settings, target, paths: Paths):
+def start(s: Settings, target, paths: Paths, events=None):
     """The background uploader of checkpoints, or None without a repo."""
     from ..hub.uploader import Uploader
 
     if target is None:
         return None
-    uploader = Uploader(target, paths.out, interval_s=s.upload_minutes * 60, keep=s.save_total_limit)
+    uploader = Uploader(target, paths.out, interval_s=s.upload_minutes * 60, keep=s.save_total_limit, events=events)
     uploader.start()
     return uploader
 
