@@ -95,6 +95,7 @@ class CheckpointRecord(Record):
     stage: str
     world_size: int
     batch: Split | None = None  # set when a batch search chose the split: a resume keeps it
+    max_steps: int | None = None  # set when the budget capped the run's steps: a resume stops there too
 
     FILE: typing.ClassVar[str] = "sft_job.json"
 
@@ -132,6 +133,9 @@ class RunSpec(Record):
     final_dir: str
     record: CheckpointRecord
     resume: str | None = None
+    report_to: str = "none"  # SFT_REPORT_TO (trackers log in training only, never in a probe)
+    run_name: str | None = None
+    run_dir: str = ""  # OUTPUT/run: rank 0 appends events.jsonl and rewrites progress.json there
 
 
 @dataclass
@@ -185,3 +189,5 @@ class Summary(Record):
     probe_check: dict[str, Any] | None = None
     final_loss: float | None = None
     hub: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None  # the budget gate's call: verdict, reason, max_steps, what would fit
+    time_limit: dict[str, Any] | None = None  # the deadline and what set it

@@ -168,3 +168,14 @@ def test_settings_reach_the_decision_unchanged_where_they_are_explicit():
     assert (d.bf16, d.attention, d.liger, d.launcher) == (False, "sdpa", False, "deepspeed")
     assert split_of(d) == (2, 2, True)
     assert d.reasons["precision"] == "fp32 (SFT_PRECISION)" and d.reasons["launcher"] == "deepspeed (SFT_LAUNCHER)"
+
+
+def test_the_budget_caps_the_steps_and_a_resume_keeps_the_cap():
+    d = decided()
+    assert d.max_steps is None and d.record().max_steps is None  # SFT_MAX_STEPS and SFT_EPOCHS govern
+    capped = decide.cap_steps(d, 480, "the steps that fit the budget (SFT_BUDGET_ACTION=truncate)")
+    assert capped.max_steps == 480 and capped.reasons["max_steps"].startswith("480 steps, the steps that fit")
+    record = CheckpointRecord.from_dict(capped.record().to_dict())  # as a checkpoint holds it
+    resumed = decided(record=record)
+    assert resumed.max_steps == 480 and "as the budget capped them for the checkpoint resumed" in \
+        resumed.reasons["max_steps"]
