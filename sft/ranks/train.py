@@ -72,15 +72,21 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     from trl import SFTTrainer
 
     from ..data import load_conversations
+    from .. import tracking
     from .trainer import trainer_arguments
 
+    if spec.mode == "train":  # each tracker's files under OUTPUT/run/, unless the user pointed it elsewhere
+        for variable, value in tracking.environment(spec.report_to, Path(spec.run_dir)).items():
+            os.environ.setdefault(variable, value)
     config = trainer_arguments(spec, on_gpu)
     dataset = load_conversations(spec.dataset, spec.dataset_split)
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
-    callback = ProgressCallback(stop, report, spec.record)
-    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, callbacks=[callback])
+    rank0_of_training = spec.mode == "train" and int(os.environ.get("RANK", "0")) == 0 and spec.run_dir
+    callback = ProgressCallback(stop, report, spec.record, Path(spec.run_dir) if rank0_of_training else None)
+    callbacks = [*faults.callbacks(), callback]  # a slowed step (a test's) counts in the step times taken
+    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, callbacks=callbacks)
     callback.trainer = trainer
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
     batches = len(trainer.get_train_dataloader())
