@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .. import exitcodes, nodes
 from ..console import say
+from ..events import (EVENTS_FILE, BudgetChecked, Decided, Ended, EventLog, SettingsResolved, StopRequested,
+                      TrainStarted)
 from ..handoff import Summary, write_json
 from ..planner import decide
 from ..planner import rules
@@ -20,7 +22,7 @@ from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
 from ..settings import Settings
 from ..units import gib
-from . import coordinate, figures, inputs, machine, preflight, probe, uploads
+from . import budget, coordinate, figures, inputs, machine, preflight, probe, timekeeper, uploads
 from .launch import Stopper
 from .output import Paths, losses, plot_loss
 from .runs import Runner
@@ -58,6 +60,9 @@ class Job:
         self.runner = Runner(s, team, self.paths, self.stopper)
         self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes)
         self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training
+        self.events = EventLog(self.paths.run / EVENTS_FILE)
+        self.stopper.on_request = lambda reason, detail: self.events.emit(StopRequested(reason=reason, detail=detail))
+        self.deadline, self.timekeeper = None, None  # the time limit, if any, and its watch while training
 
     def run(self, probe_only: bool) -> int:
         from ..hub.errors import HubError
@@ -69,6 +74,7 @@ class Job:
             self.stopper.install()
             self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
             write_json(self.paths.run / "settings.json", self.s.to_dict())
+            self._resolved()
             resume = uploads.resume_point(self.paths, self.target)
         except HubError as e:
             say(f"error: {e.message}")
@@ -77,6 +83,7 @@ class Job:
         try:
             given = inputs.read(self.s, self.facts.machine, resume)
             d = self._decided(decide.decide(given))
+            self.runner.overheads = budget.overheads(given.shape.total_params, self.target is not None)
         except CannotRun as e:
             say(f"error: {e}")
             return self._close(e.exit_code, "preflight failed")
@@ -86,17 +93,48 @@ class Job:
         if self.s.probe_steps > 0 and resume is None:
             outcome = probe.probe(self.runner, given, d, recheck=lambda nxt: self._preflight(given, nxt, probe_only))
             d = self._probed(outcome)
+            if outcome.code == exitcodes.DONE:
+                d, refused = self._budget(d, probe_only)
+                if refused:
+                    return self._close(exitcodes.OVER_BUDGET, "over budget", d)
             if outcome.code != exitcodes.DONE or probe_only:
                 return self._close(outcome.code, "probed" if outcome.code == exitcodes.DONE else "probe failed", d)
         elif probe_only:
             say("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)")
             return exitcodes.DONE
-        return self._train(d, resume)
+        return self._train(d, resume, given.shape.total_params)
+
+    def _resolved(self) -> None:
+        """The time limit found, and the settings' event."""
+        self.deadline = timekeeper.find_deadline(self.s, os.environ, time.time())
+        if self.deadline is not None:
+            say(f"time limit: {self.deadline.text()} ({self.deadline.source}); a checkpoint is saved and uploaded "
+                f"before it, then exit {exitcodes.TIME_LIMIT}")
+            self.summary.time_limit = {"at": self.deadline.text(), "source": self.deadline.source}
+        self.events.emit(SettingsResolved(settings=self.s.to_dict(), deadline=self.deadline and self.deadline.text(),
+                                          deadline_source=self.deadline and self.deadline.source))
+
+    def _budget(self, d: Decision, probe_only: bool) -> tuple[Decision, bool]:
+        """The budget gate on the probe's projection: (the decision, capped if truncated; whether refused)."""
+        call = budget.check(self.s, self.summary.probe or {}, self.runner.overheads, d.ranks.world)
+        budget.report(call)
+        if call.verdict != "none":
+            self.summary.budget = {"verdict": call.verdict, "reason": call.reason, "max_steps": call.max_steps,
+                                   "fits": list(call.fits)}
+            fig = self.summary.probe or {}
+            self.events.emit(BudgetChecked(verdict=call.verdict, projected_hours=fig.get("projected_hours", 0.0),
+                                           projected_cost=fig.get("projected_cost"), max_steps=call.max_steps,
+                                           reason=call.reason))
+        if call.verdict == "truncate" and not probe_only:
+            d = decide.cap_steps(d, call.max_steps, "the steps that fit the budget (SFT_BUDGET_ACTION=truncate)")
+        return d, call.verdict == "refuse" and not probe_only
 
     def _decided(self, d: Decision) -> Decision:
         say(format_table(d.plan))
         say("decided:\n" + d.explain())
         self.summary.plan = d.plan.to_dict()
+        self.events.emit(Decided(stage=d.stage.name, ranks=d.ranks.world, resolved=d.resolved(),
+                                 reasons=dict(d.reasons)))
         return d
 
     def _preflight(self, given: Inputs, d: Decision, probe_only: bool) -> int | None:
@@ -117,17 +155,30 @@ class Job:
         self.summary.probe = outcome.figures
         return outcome.decision
 
-    def _train(self, d: Decision, resume: Path | None) -> int:
+    def _train(self, d: Decision, resume: Path | None, total_params: int) -> int:
         if self.stopper.requested:
             return self._close(exitcodes.STOPPED, "stopped", d)
+        if self._out_of_time(total_params):
+            return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
         say(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"))
-        self.uploader = uploads.start(self.s, self.target, self.paths)
+        self.uploader = uploads.start(self.s, self.target, self.paths, self.events)
+        max_steps = d.max_steps or self.s.max_steps
+        self.events.emit(TrainStarted(stage=d.stage.name, max_steps=max_steps, resumed_from=self.summary.resumed_from))
+        if self.timekeeper is not None:
+            self.timekeeper.uploader = self.uploader
+            self.timekeeper.start()
         started = time.time()
-        code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, self.s.max_steps, resume))
+        try:
+            code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, max_steps, resume))
+        finally:
+            if self.timekeeper is not None:
+                self.timekeeper.stop()
         self.summary.train = train = train_results(reports, time.time() - started)
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
             say(figures.against_run_line(check))
+        if self.stopper.reason == "time limit":
+            return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
         if self.stopper.requested or train.get("status") == "stopped":
             return self._close(exitcodes.STOPPED, "stopped", d)
         if code != 0 or train.get("status") != "done":
@@ -135,6 +186,19 @@ class Job:
                   f"start resumes from the newest")
             return self._close(exitcodes.TRAIN_FAILED, "failed", d)
         return self._close(exitcodes.DONE, "done", d)
+
+    def _out_of_time(self, total_params: int) -> bool:
+        """With a time limit: its watch for training; True when not even a step and a save fit before it."""
+        if self.deadline is None:
+            return False
+        checkpoint, final = budget.sizes(total_params)
+        self.timekeeper = timekeeper.TimeKeeper(self.deadline, self.paths.run, self.stopper, checkpoint, final,
+                                                uploads=self.target is not None)
+        call = self.timekeeper.before_training((self.summary.probe or {}).get("seconds_per_step"))
+        if call.stop:
+            say(f"error: time limit: no time left to train before {self.deadline.text()}: {call.reason}")
+            self.events.emit(StopRequested(reason="time limit", detail=call.reason))
+        return call.stop
 
     def _close(self, code: int, status: str, d: Decision | None = None) -> int:
         """The summary and the loss plot; with a repo, the last uploads. Returns the job's exit code."""
@@ -149,9 +213,11 @@ class Job:
             plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
         summary.save(self.paths.summary)
         if self.uploader is not None:
-            code = uploads.finish(self.uploader, code, self.paths, summary,
-                                  uploads.grace_left(self.s, self.stopper.requested_at))
+            grace = (self.timekeeper.seconds_left() if self.stopper.reason == "time limit" and self.timekeeper
+                     else uploads.grace_left(self.s, self.stopper.requested_at))
+            code = uploads.finish(self.uploader, code, self.paths, summary, grace)
         say(f"{status}: exit code {code}; summary in {self.paths.summary}")
+        self.events.emit(Ended(status=status, exit_code=code))
         return code
 
 

@@ -114,11 +114,14 @@ class Launch:
 
 
 class Stopper:
-    """SIGTERM/SIGINT in the controller: forward a stop to the ranks running now, remember when."""
+    """SIGTERM/SIGINT in the controller, or the time limit: forward a stop to the ranks running now, remember
+    when and why."""
 
     def __init__(self):
         self.requested_at: float | None = None
+        self.reason: str | None = None  # "SIGTERM", "SIGINT", "time limit"
         self.launch: Launch | None = None
+        self.on_request = None  # called once with (reason, detail): the event log
 
     @property
     def requested(self) -> bool:
@@ -130,7 +133,14 @@ class Stopper:
 
     def handle(self, signum, frame) -> None:
         say(f"received {signal.Signals(signum).name}")
-        self.requested_at = self.requested_at or time.monotonic()
+        self.request(signal.Signals(signum).name)
+
+    def request(self, reason: str, detail: str = "") -> None:
+        """Stop: the ranks running now save and stop, and any later launch stops at its first step."""
+        if self.requested_at is None:
+            self.requested_at, self.reason = time.monotonic(), reason
+            if self.on_request is not None:
+                self.on_request(reason, detail)
         if self.launch is not None:
             self.launch.stop()
 

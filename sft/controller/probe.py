@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import exitcodes
 from ..console import say
+from ..events import Escalated, ProbeTry
 from ..handoff import RankReport, Split, write_json
 from ..planner import decide
 from ..planner.decide import Decision
@@ -57,8 +58,9 @@ def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decisi
                 break
             say(f"auto: {e} with ZeRO {d.stage.name}; {change} and probing again")
             moved = nxt.stage != d.stage
-            outcome.escalations.append({"from": d.stage.name if moved else "checkpointing off",
-                                        "to": nxt.stage.name if moved else "on", "why": str(e)})
+            before, after = (d.stage.name, nxt.stage.name) if moved else ("checkpointing off", "on")
+            outcome.escalations.append({"from": before, "to": after, "why": str(e)})
+            runner.events.emit(Escalated(before=before, after=after, why=str(e)))
             outcome.decision = nxt
             outcome.code = recheck(nxt) or exitcodes.DONE
         except _Failed as e:
@@ -85,16 +87,29 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict
     """Ranks that train `steps` steps and save nothing; their figures and reports. Raises ProbeOutOfMemory
     when a rank ran out of memory, _Failed when the run failed or was stopped."""
     spec = runner.spec(d, "probe", runner.paths.run / name.replace(" ", "-"), steps)
+    began = time.monotonic()
     code, reports = runner.run(spec)
+
+    def tried(outcome: str, fig: dict[str, Any] | None = None) -> None:
+        fig = fig or {}
+        runner.events.emit(ProbeTry(what=name, stage=d.stage.name, split=d.split.text(), outcome=outcome,
+                                    tokens_per_second=fig.get("tokens_per_second"),
+                                    seconds_per_step=fig.get("seconds_per_step"),
+                                    wall_seconds=round(time.monotonic() - began, 1)))
+
     if runner.stopper.requested:
+        tried("stopped")
         raise _Failed(exitcodes.STOPPED)
     if code == exitcodes.RANK_OOM or any(r.status == "oom" for r in reports):
+        tried("out of memory")
         raise ProbeOutOfMemory(f"the {name} ran out of GPU memory")
     if code != 0 or len(reports) != d.ranks.world or any(r.status != "done" for r in reports):
+        tried("failed")
         say(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above")
         raise _Failed(exitcodes.PROBE_FAILED)
-    fig = figures.figures(reports, runner.s)
+    fig = figures.figures(reports, runner.s, runner.overheads)
     fig["stage"] = d.stage.name
+    tried("ok", fig)
     return fig, reports
 
 
