@@ -37,11 +37,12 @@ def check(s: Settings, fig: dict[str, Any], extra: Overheads, ranks: int) -> Bud
     return gate(p, budget, ranks)
 
 
-def report(call: BudgetCall) -> None:
-    """The call in the log: refused with what would fit, truncated with the steps, or within the cap."""
+def report(call: BudgetCall, refusing: bool = True) -> None:
+    """The call in the log: refused with what would fit, truncated with the steps, or within the cap
+    (`refusing` False: the probe command, which only tells what a run would do)."""
     if call.verdict == "none":
         return
-    head = {"refuse": "error: budget: ", "truncate": "budget: ", "within": "budget: "}[call.verdict]
+    head = "error: budget: " if call.verdict == "refuse" and refusing else "budget: "
     say(head + call.reason)
     if call.fits and call.verdict != "within":
         say("budget: settings that would fit:\n" + "\n".join(f"  - {f}" for f in call.fits))

@@ -117,7 +117,7 @@ class Job:
     def _budget(self, d: Decision, probe_only: bool) -> tuple[Decision, bool]:
         """The budget gate on the probe's projection: (the decision, capped if truncated; whether refused)."""
         call = budget.check(self.s, self.summary.probe or {}, self.runner.overheads, d.ranks.world)
-        budget.report(call)
+        budget.report(call, refusing=not probe_only)
         if call.verdict != "none":
             self.summary.budget = {"verdict": call.verdict, "reason": call.reason, "max_steps": call.max_steps,
                                    "fits": list(call.fits)}

@@ -52,8 +52,8 @@ class Projection:
         return None if self.price_per_hour is None else self.hours(steps) * self.price_per_hour
 
     def text(self, steps: int | None = None) -> str:
-        cost = self.cost(steps)
-        return f"{self.hours(steps):.2f} h" + (f", {cost:.2f} at {self.price_per_hour:g} per hour" if cost else "")
+        cost, hours = self.cost(steps), self.hours(steps)
+        return (f"{hours:.2f} h" if hours >= 1 else f"{hours * 60:.1f} min") + (f", {cost:.2f} at {self.price_per_hour:g} per hour" if cost else "")
 
 
 @dataclass(frozen=True)
