@@ -80,6 +80,8 @@ RUN chmod -R a+rX /app \
 # Last, so that a new version (each commit) rebuilds no layer above.
 ARG VERSION=dev
 ARG SOURCE_URL=unknown
+# What `entrypoint.py --version` prints (sft/version.py reads it).
+RUN echo "${VERSION}" > /app/VERSION
 LABEL org.opencontainers.image.title="sft-zero" \
       org.opencontainers.image.description="Full fine-tuning of causal LMs with TRL's SFTTrainer on DeepSpeed ZeRO, configured by SFT_* environment variables" \
       org.opencontainers.image.version="${VERSION}" \

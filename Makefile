@@ -23,6 +23,11 @@ CI_IMAGE ?= sft-zero:ci
 # host folder mounted at /data by `make run` and `make probe`
 DATA ?= $(CURDIR)/data
 PY := $(VENV)/bin/python
+# `make run` and `make probe`: the README's `docker run` flags. --stop-timeout above SFT_STOP_GRACE_SECONDS (300),
+# or docker stop kills the save after 10 s; memlock unlimited for offload's pinned memory; the host's /dev/shm.
+STOP_TIMEOUT ?= 600
+RUN_FLAGS = --rm --gpus all --ipc=host --ulimit memlock=-1 --stop-timeout $(STOP_TIMEOUT) -v $(DATA):/data \
+  $(foreach v,$(filter SFT_% HF_TOKEN WANDB_% MLFLOW_%,$(.VARIABLES)),-e $(v))
 comma := ,
 
 help:  ## list the targets
@@ -54,10 +59,10 @@ test-image:  ## build the CI variant of the image (CPU, Debian base) and check i
 	IMAGE=$(CI_IMAGE) scripts/test-image.sh
 
 run:  ## the job in the image, on every GPU, output in $(DATA)
-	$(DOCKER) run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE)
+	$(DOCKER) run $(RUN_FLAGS) $(IMAGE)
 
 probe:  ## only the probe, in the image
-	$(DOCKER) run --rm --gpus all --ipc=host -v $(DATA):/data $(foreach v,$(filter SFT_% HF_TOKEN,$(.VARIABLES)),-e $(v)) $(IMAGE) probe
+	$(DOCKER) run $(RUN_FLAGS) $(IMAGE) probe
 
 lock:  ## re-pin requirements.lock from requirements.in (in a fresh venv)
 	rm -rf /tmp/lock-venv && $(PYTHON) -m venv /tmp/lock-venv

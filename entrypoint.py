@@ -2,9 +2,10 @@
 """Full fine-tuning of a causal LM with TRL's SFTTrainer on DeepSpeed ZeRO, configured by environment.
 
     docker run --gpus all -e SFT_MODEL=Qwen/Qwen3-8B -v /data:/data IMAGE          # the whole job
-    python entrypoint.py [run|probe|plan|doctor|config|export]                     # the same, on a host
+    python entrypoint.py [run|probe|status|plan|doctor|config|export]              # the same, on a host
 
 The job: check the settings, probe SFT_PROBE_STEPS steps, train, write final/ and a summary.
+Watch it: `tail -f OUTPUT/run/events.jsonl`, or `entrypoint.py status OUTPUT` (or `status owner/repo`).
 """
 
 from __future__ import annotations
@@ -58,8 +59,19 @@ def load_settings(finders=()) -> Settings:
     return s
 
 
+def _print_version(ctx: click.Context, param, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from sft.version import text
+
+    click.echo(text())
+    ctx.exit()
+
+
 @click.group(invoke_without_command=True, epilog=_variables_help(),
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="The job's version, its code's sha256 and the libraries' versions.")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Fine-tune a model as the SFT_* environment variables say. With no command: `run`."""
@@ -82,6 +94,44 @@ def probe() -> None:
     from sft.controller import job
 
     sys.exit(job.run(load_settings(checks.JOB), probe_only=True))
+
+
+@cli.command()
+@click.argument("target", default="", required=False)
+@click.option("--revision", help="With a Hub repo: the branch (default: main).")
+@click.option("--json", "as_json", is_flag=True, help="JSON for programs.")
+def status(target: str, revision: str | None, as_json: bool) -> None:
+    """Where a run is: TARGET is its output folder (default: SFT_OUTPUT_DIR) or its Hub repo (owner/name).
+
+    The phase, the step and the time left, the newest complete checkpoint on disk and on the Hub, an upload
+    in progress, the final model, the end and its exit code. Reads the folder or the repo only."""
+    import os
+    from pathlib import Path
+
+    from sft.controller import status as run_status
+
+    target = target or os.environ.get("SFT_OUTPUT_DIR", "output")
+    if Path(target).is_dir():
+        found = run_status.of_folder(Path(target))
+    elif "/" in target and not target.startswith((".", "/", "~")):
+        found = _repo_status_or_exit(target, revision)
+    else:
+        click.echo(f"error: {target} is neither an output folder nor a Hub repo (owner/name)", err=True)
+        sys.exit(exitcodes.BAD_SETTINGS)
+    click.echo(found.to_json() if as_json else found.text())
+
+
+def _repo_status_or_exit(repo_id: str, revision: str | None):
+    from sft.controller import status as run_status
+    from sft.hub.errors import http_status, short_error
+
+    try:
+        return run_status.of_repo(repo_id, revision)
+    except Exception as e:  # noqa: BLE001 - one line naming the repo, not the client's traceback
+        status = http_status(e)
+        click.echo(f"error: cannot read {repo_id} from the Hub ({short_error(e)}): check the name, and a token "
+                   "that can read it (HF_TOKEN or `hf auth login`)", err=True)
+        sys.exit(exitcodes.HUB_AUTH if status in (401, 403, 404) else exitcodes.HUB_UNREACHABLE)
 
 
 @cli.command()

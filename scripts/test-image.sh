@@ -241,6 +241,7 @@ total_steps=$(( epochs * 64 ))
 #   hub private            the repo is private: so says its info, and an anonymous request is refused
 #   hub verify PREFIX DIR  PREFIX/manifest.json on the Hub lists the files of DIR (the mounted folder's
 #                          copy), with their sha256; the Hub holds exactly them, and serves those bytes
+#                          (PREFIX "": the repo's root, where the final model is)
 cat > "$work/hub.py" <<'PY'
 import hashlib, json, os, sys, urllib.error, urllib.request
 from pathlib import Path
@@ -256,14 +257,21 @@ def info():
     return json.loads(get(f"/api/models/{repo}"))
 def files():
     return [s["rfilename"] for s in info()["siblings"]]
+def under(prefix):
+    """The files on the Hub under PREFIX ('' : the root's own, the final model's), relative to it."""
+    if not prefix:
+        return {p for p in files() if "/" not in p} - {"README.md", ".gitattributes"}
+    return {p[len(prefix) + 1:] for p in files() if p.startswith(prefix + "/")}
+def file_path(prefix, rel):
+    return f"/{repo}/resolve/main/{prefix + '/' if prefix else ''}{rel}"
 if command == "steps":
     try:
         paths = files()
     except urllib.error.HTTPError:  # no repo yet
         paths = []
-    print(" ".join(str(s) for s in sorted(int(p.split("/")[0].split("-")[1]) for p in paths
-                                          if p.startswith("checkpoint-") and p.endswith("/manifest.json")
-                                          and p.count("/") == 1)))
+    print(" ".join(str(s) for s in sorted(int(p.split("/")[1].split("-")[1]) for p in paths
+                                          if p.startswith("checkpoints/checkpoint-") and p.endswith("/manifest.json")
+                                          and p.count("/") == 2)))
 elif command == "private":
     try:
         get(f"/api/models/{repo}", auth=False)
@@ -276,14 +284,14 @@ elif command == "private":
 elif command == "shards":
     # the ranks whose ZeRO optimizer shards PREFIX/manifest.json lists, each of those files on the Hub
     prefix = args[0]
-    manifest = json.loads(get(f"/{repo}/resolve/main/{prefix}/manifest.json"))["files"]
-    on_hub = {p[len(prefix) + 1:] for p in files() if p.startswith(prefix + "/")}
+    manifest = json.loads(get(file_path(prefix, "manifest.json")))["files"]
+    on_hub = under(prefix)
     shards = [rel for rel in manifest if "zero_pp_rank_" in rel and rel.endswith("_optim_states.pt")]
     print(" ".join(sorted(rel.split("zero_pp_rank_")[1].split("_")[0] for rel in shards if rel in on_hub)))
 elif command == "verify":
     prefix, local = args[0], Path(args[1])
-    manifest = json.loads(get(f"/{repo}/resolve/main/{prefix}/manifest.json"))["files"]
-    on_hub = {p[len(prefix) + 1:] for p in files() if p.startswith(prefix + "/")} - {"manifest.json"}
+    manifest = json.loads(get(file_path(prefix, "manifest.json")))["files"]
+    on_hub = under(prefix) - {"manifest.json"}
     on_disk = {p.relative_to(local).as_posix(): p for p in local.rglob("*") if p.is_file()}
     problems = [f"on the Hub, not in the manifest: {sorted(on_hub - manifest.keys())}"] * bool(on_hub - manifest.keys())
     problems += [f"in the manifest, not on the Hub: {sorted(manifest.keys() - on_hub)}"] * bool(manifest.keys() - on_hub)
@@ -292,9 +300,9 @@ elif command == "verify":
     for rel, entry in manifest.items():
         if rel not in on_disk or hashlib.sha256(on_disk[rel].read_bytes()).hexdigest() != entry["sha256"]:
             problems.append(f"{rel}: not the manifest's bytes on the mounted folder")
-        elif rel in on_hub and hashlib.sha256(get(f"/{repo}/resolve/main/{prefix}/{rel}")).hexdigest() != entry["sha256"]:
+        elif rel in on_hub and hashlib.sha256(get(file_path(prefix, rel))).hexdigest() != entry["sha256"]:
             problems.append(f"{rel}: not the manifest's bytes on the Hub")
-    print(f"  {prefix}: {len(manifest)} files, {sum(e['size'] for e in manifest.values())} bytes in its manifest")
+    print(f"  {prefix or 'the root'}: {len(manifest)} files, {sum(e['size'] for e in manifest.values())} bytes in its manifest")
     for problem in problems:
         print("  " + problem)
     sys.exit(1 if problems else 0)
@@ -326,7 +334,7 @@ stop_started=$(date +%s)
 took=$(( $(date +%s) - stop_started ))
 code=$("$DOCKER" inspect -f '{{.State.ExitCode}}' "$name")
 "$DOCKER" logs "$name" > "$logs/hub-stop.log" 2>&1
-grep -E '^(hub|upload|received|stop|stopped)' "$logs/hub-stop.log" | tail -8 || true
+grep -E '^[0-9TZ:-]+ (hub|upload|received|stop|stopped)' "$logs/hub-stop.log" | tail -8 || true
 out=$data/output
 stopped_at=$(summary_field "$out/run/summary.json" '["train"]["global_step"]' 2>/dev/null || echo 0)
 check "exit code 143 after docker stop (got $code)" test "$code" = 143
@@ -334,7 +342,7 @@ check "stopped within the stop timeout (${took} s of ${STOP_TIMEOUT} s: not kill
 check "stopped mid-run (step $stopped_at of $total_steps), summary status stopped" test "$stopped_at" -gt 0 -a \
   "$stopped_at" -lt "$total_steps" -a "$(summary_field "$out/run/summary.json" '["status"]' 2>/dev/null)" = stopped
 check "checkpoint-$stopped_at saved on the mounted folder and uploaded before the exit: its manifest on the Hub" \
-  hub verify "checkpoint-$stopped_at" "$out/checkpoint-$stopped_at"
+  hub verify "checkpoints/checkpoint-$stopped_at" "$out/checkpoint-$stopped_at"
 check "the repo on the Hub is private" hub private
 
 # 2. A new container, an empty folder: it downloads that checkpoint from the Hub and finishes the run.
@@ -345,7 +353,7 @@ containers+=("$name")
 code=0
 "$DOCKER" run --name "$name" --network host "${run_as[@]}" -v "$data:/data" "${hub_env[@]}" "$IMAGE" \
   > "$logs/hub-resume.log" 2>&1 || code=$?
-grep -E '^(hub|resum|upload|done|final)' "$logs/hub-resume.log" | tail -8 || true
+grep -E '^[0-9TZ:-]+ (hub|resum|upload|done|final)' "$logs/hub-resume.log" | tail -8 || true
 out=$data/output
 check "the new container exits 0 (got $code)" test "$code" = 0
 resumed=$(summary_field "$out/run/summary.json" '["resumed_from"]' 2>/dev/null || true)
@@ -360,7 +368,7 @@ check "summary status is done (${status:-none}), at step $total_steps (${step:-n
 steps=$(hub steps || true)
 check "checkpoints after the resume reach the Hub (with their manifest: ${steps:-none})" \
   test "${steps##* }" -gt "$stopped_at" 2>/dev/null
-check "final/ on the Hub: its manifest lists the mounted folder's final/" hub verify final "$out/final"
+check "the final model at the Hub repo's root: its manifest lists the mounted folder's final/" hub verify "" "$out/final"
 
 # 3. The token: in no file the containers wrote, nothing the server stored, no log.
 token_absent() { local rc=0; grep -rqF -- "$fake_token" "$@" || rc=$?; [ "$rc" = 1 ]; }
@@ -448,10 +456,10 @@ check "two nodes give the losses of one node with two ranks (to 1e-4)" same_loss
 # comes before the end: final/ supersedes it).
 newest=$(hub steps || true)
 newest=${newest##* }
-shards=$( [ -n "$newest" ] && hub shards "checkpoint-$newest" || true)
+shards=$( [ -n "$newest" ] && hub shards "checkpoints/checkpoint-$newest" || true)
 check "checkpoint-${newest:-none}, the newest on the Hub: its manifest lists the ZeRO shards of both nodes' ranks (${shards:-none})" \
   test "$shards" = "0 1"
-check "final/ on the Hub" hub verify final "$out/final"
+check "the final model at the Hub repo's root" hub verify "" "$out/final"
 hub_data+=("$data")
 
 # 3. kill -9 of node 1's container (its VM dies): node 0 fails within SFT_NODE_TIMEOUT_SECONDS (30 s);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .console import say
 from .handoff import CheckpointRecord, read_json
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -68,7 +69,7 @@ def latest_complete(output_dir: Path) -> Path | None:
         why = problem(checkpoint)
         if why is None:
             return checkpoint
-        print(f"warning: skipping {checkpoint.name}: incomplete ({why})", flush=True)
+        say(f"warning: skipping {checkpoint.name}: incomplete ({why})")
     return None
 
 

@@ -18,6 +18,8 @@ HUB_AUTH = 8            # the Hub refused the token (unknown, expired, or no wri
 HUB_PUBLIC_REPO = 9     # SFT_HUB_REPO exists and is public: nothing is uploaded there (make it private or pick another)
 HUB_UNREACHABLE = 10    # the Hub did not answer at start (network, outage): starting again later may work
 OUTPUT_BUSY = 11        # another job is running on SFT_OUTPUT_DIR (it holds run/job.lock): nothing was done
+OVER_BUDGET = 12        # the probe's projection exceeds SFT_MAX_HOURS / SFT_MAX_COST: nothing trained (see the log)
+TIME_LIMIT = 75         # stopped for SFT_TIME_LIMIT or SLURM's end time, a checkpoint saved and uploaded: start again
 STOPPED = 143           # stopped by SIGTERM/SIGINT after saving what it could (128 + SIGTERM)
 
 # A rank's own exit codes (sft/ranks/train.py), read by the controller; the launcher passes the worst on.

@@ -101,6 +101,7 @@ class CheckpointRecord(Record):
     world_size: int
     batch: Split | None = None  # set when a batch search chose the split: a resume keeps it
     tokens: int | None = None  # tokens trained on up to this checkpoint (TRL's count, all ranks): a resume counts on
+    max_steps: int | None = None  # set when the budget capped the run's steps: a resume stops there too
 
     FILE: typing.ClassVar[str] = "sft_job.json"
 
@@ -140,6 +141,9 @@ class RunSpec(Record):
     final_dir: str
     record: CheckpointRecord
     resume: str | None = None
+    report_to: str = "none"  # SFT_REPORT_TO (trackers log in training only, never in a probe)
+    run_name: str | None = None
+    run_dir: str = ""  # OUTPUT/run: rank 0 appends events.jsonl and rewrites progress.json there
 
 
 @dataclass
@@ -199,3 +203,5 @@ class Summary(Record):
     phases: dict[str, float] = field(default_factory=dict)  # seconds spent in each step of the job
     final_loss: float | None = None
     hub: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None  # the budget gate's call: verdict, reason, max_steps, what would fit
+    time_limit: dict[str, Any] | None = None  # the deadline and what set it

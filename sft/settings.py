@@ -28,12 +28,17 @@ SWITCH = ("auto", "true", "false")
 CHECKPOINTING = (*SWITCH, "offload")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
+BUDGET_ACTIONS = ("refuse", "truncate")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
 # The variables of the ecosystem the job reads under their own names (documented, never SFT_).
 ECOSYSTEM_VARS = {
-    "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO; read at run time, never stored.",
+    "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO, found as huggingface_hub finds it: HF_TOKEN, "
+                "else the file HF_TOKEN_PATH names, else a login saved by `hf auth login`; read at run time, never "
+                "stored.",
+    "SLURM_JOB_END_TIME": "Under SLURM, the job's end time: the job stops in time for it as for SFT_TIME_LIMIT "
+                          "(when unset, squeue is asked).",
     "HF_HOME": "Hugging Face cache (models, datasets); in the image, under the mounted /data.",
     "HF_HUB_OFFLINE": "1: never contact the Hub (models and data must be local or cached).",
     "HF_HUB_DISABLE_XET": "Unset: the job sets 1, so uploads take Git LFS, the path its tests run; 0: Xet.",
@@ -104,6 +109,10 @@ class Settings:
                                         "{\"dataloader_num_workers\": 2}. Arguments the job sets itself are refused, "
                                         "naming the SFT_ variable.")
     logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
+    report_to: str = _setting("none", "Experiment trackers the Trainer logs to (its report_to), comma-separated: "
+                              "none; tensorboard or trackio (in the image; their logs go to OUTPUT/run/tensorboard "
+                              "and OUTPUT/run/trackio); wandb or mlflow (not in the image: add them to your own).")
+    run_name: str | None = _setting(None, "The run's name in the trackers (the Trainer's run_name); unset: theirs.")
     seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
     output_dir: str = _setting("output", "Where checkpoints, final/ and the run's reports go.")
@@ -112,7 +121,21 @@ class Settings:
     launcher: str = _setting("torchrun", "What starts the ranks: torchrun or deepspeed.", choices=LAUNCHERS)
     price_per_hour: float | None = _setting(None, "Price of the machine per hour, for the probe's cost projection.",
                                             gt=0)
+    max_hours: float | None = _setting(None, "Hours the job may take, checked after the probe against its "
+                                       "projection (steps, saves, evaluation, the final upload); see "
+                                       "SFT_BUDGET_ACTION.", gt=0)
+    max_cost: float | None = _setting(None, "Cost the job may reach at SFT_PRICE_PER_HOUR (which it needs), "
+                                      "checked as SFT_MAX_HOURS is.", gt=0)
+    budget_action: str = _setting("refuse", "Over SFT_MAX_HOURS or SFT_MAX_COST: refuse (exit 12 before training, "
+                                  "naming the settings that would fit) or truncate (train the steps that fit, then "
+                                  "the final model as usual).", choices=BUDGET_ACTIONS)
+    time_limit: str | None = _setting(None, "Stop in time: a duration from the job's start (3h30m, 90m) or an end "
+                                      "time (2026-12-01T18:00:00Z). Early enough to save and upload a checkpoint, "
+                                      "as long as this run measured those to take; then exit 75 (start again to "
+                                      "resume). SLURM's job end time counts too: the earlier wins.")
     hub_repo: str | None = _setting(None, "Private Hugging Face repo (owner/name) for checkpoints; unset: no upload.")
+    hub_revision: str | None = _setting(None, "Branch of SFT_HUB_REPO the job uploads to (made from main if "
+                                        "missing), so several runs can share a repo; unset: main.")
     upload_minutes: float = _setting(30.0, "Minutes between checkpoint uploads to SFT_HUB_REPO.", gt=0)
     stop_grace_seconds: int = _setting(300, "On SIGTERM, seconds allowed to save a checkpoint and upload it.", min=0)
     node_timeout_seconds: int = _setting(1800, "Seconds a node waits for the others: to join at start, and in every "
@@ -258,6 +281,8 @@ def _bad(var: str, value: Any, message: str) -> str:
 
 def check(s: Settings) -> list[str]:
     """Checks that involve more than one variable's syntax: files, formats, combinations."""
+    from .settings_service import service_problems
+
     problems = []
     if s.max_steps == 0:
         problems.append(_bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
@@ -277,6 +302,7 @@ def check(s: Settings) -> list[str]:
         problems.append(_bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
                              "(the image has them): install them, or use auto or false"))
     problems += _check_output_dir(s.output_dir)
+    problems += service_problems(s)
     return problems
 
 

@@ -190,3 +190,34 @@ def test_probe_and_run_with_a_users_offload_file(tmp_path, offload_config):
     used = json.loads((tmp_path / "out" / "run" / "ds_config.json").read_text())
     assert used["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert (tmp_path / "out" / "final" / "config.json").is_file()
+
+
+def test_version_names_the_code_and_the_libraries(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "--version"], env=clean_environ(tmp_path),
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("sft-zero ") and "(code " in line
+    for library in ("torch", "deepspeed", "transformers", "trl"):
+        assert f" {library} " in line
+
+
+@pytest.mark.parametrize("target", ["run", "probe"])
+def test_make_run_and_probe_start_the_container_with_the_readmes_flags(target):
+    """Before: no --stop-timeout (docker stop killed the save after 10 s) and no memlock."""
+    printed = subprocess.run(["make", "-n", target, "SFT_MODEL=x"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout
+    readme = (REPO / "README.md").read_text()
+    for flag in ("--gpus all", "--ipc=host", "--ulimit memlock=-1", "--stop-timeout 600"):
+        assert flag in printed and flag in readme, flag
+    assert "-e SFT_MODEL" in printed
+
+
+def test_status_of_a_folder_that_holds_no_run_and_of_something_else(tmp_path):
+    env = clean_environ(tmp_path)
+    empty = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", str(tmp_path)], env=env,
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 0 and "no run here yet" in empty.stdout
+    neither = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", str(tmp_path / "nothing")],
+                             env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert neither.returncode == 2 and "neither an output folder nor a Hub repo" in neither.stderr

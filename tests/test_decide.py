@@ -290,3 +290,14 @@ def test_a_finished_run_started_again_names_what_differs():
     older = {k: v for k, v in before.items() if k != "attention"}
     assert restart.verdict(older, Settings().to_dict(), defaults, "/out")[0]
     assert not restart.verdict(older, Settings(attention="eager").to_dict(), defaults, "/out")[0]
+
+
+def test_the_budget_caps_the_steps_and_a_resume_keeps_the_cap():
+    d = decided()
+    assert d.max_steps is None and d.record().max_steps is None  # SFT_MAX_STEPS and SFT_EPOCHS govern
+    capped = decide.cap_steps(d, 480, "the steps that fit the budget (SFT_BUDGET_ACTION=truncate)")
+    assert capped.max_steps == 480 and capped.reasons["max_steps"].startswith("480 steps, the steps that fit")
+    record = CheckpointRecord.from_dict(capped.record().to_dict())  # as a checkpoint holds it
+    resumed = decided(record=record)
+    assert resumed.max_steps == 480 and "as the budget capped them for the checkpoint resumed" in \
+        resumed.reasons["max_steps"]

@@ -13,7 +13,8 @@ from hub_fixtures import WRITE_TOKEN, hub_api, hub_server  # noqa: F401  (fixtur
 from sft import checkpoints, exitcodes
 from sft.hub import resume as hub_resume
 from sft.hub.errors import HubError
-from sft.hub.manifest import MANIFEST, build_manifest, hub_checkpoints, verify
+from sft.hub.layout import MANIFEST, hub_checkpoints
+from sft.hub.manifest import build_manifest, verify
 from sft.hub.preflight import preflight
 from sft.hub.uploader import Uploader
 
@@ -60,8 +61,8 @@ def test_fresh_disk_resumes_from_the_newest_verified(target, on_hub, tmp_path):
 def test_torn_checkpoint_without_manifest_skipped(target, on_hub, tmp_path):
     """The job was killed while checkpoint-8 went up: its files are there, its manifest is not."""
     make_checkpoint(on_hub, 8)
-    ops = [CommitOperationAdd(f"checkpoint-8/{rel}", data) for rel, data in tree(on_hub / "checkpoint-8").items()
-           if rel != "trainer_state.json"]
+    ops = [CommitOperationAdd(f"checkpoints/checkpoint-8/{rel}", data)
+           for rel, data in tree(on_hub / "checkpoint-8").items() if rel != "trainer_state.json"]
     target.api.create_commit(REPO, ops, commit_message="checkpoint-8: cut off")
     lines = []
     got = hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lines.append)
@@ -74,10 +75,10 @@ def test_file_differing_from_manifest_skipped_for_the_previous(target, on_hub, t
     rel = "global_step6/zero_pp_rank_1_mp_rank_00_optim_states.pt"
     data = (on_hub / "checkpoint-6" / rel).read_bytes()
     if damage == "missing":
-        op = CommitOperationDelete(f"checkpoint-6/{rel}")
+        op = CommitOperationDelete(f"checkpoints/checkpoint-6/{rel}")
     else:
         bad = bytes([data[0] ^ 0xFF]) + data[1:] if damage == "changed" else data + b"\0"
-        op = CommitOperationAdd(f"checkpoint-6/{rel}", bad)
+        op = CommitOperationAdd(f"checkpoints/checkpoint-6/{rel}", bad)
     target.api.create_commit(REPO, [op], commit_message=f"checkpoint-6: a file {damage}")
     lines = []
     fresh = tmp_path / "fresh"
@@ -137,12 +138,26 @@ def test_nothing_on_hub(target, tmp_path):
     assert hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lambda line: None) is None
 
 
-def test_final_on_hub_only_with_its_manifest(target, tmp_path):
-    target.api.create_commit(REPO, [CommitOperationAdd("final/config.json", b"{}")], commit_message="final: files")
+@pytest.mark.parametrize("folder", ["", "final/"])  # the root; final/, where an earlier version of the job put it
+def test_final_on_hub_only_with_its_manifest(target, tmp_path, folder):
+    target.api.create_commit(REPO, [CommitOperationAdd(f"{folder}config.json", b"{}")], commit_message="final: files")
     assert hub_resume.final_on_hub(target.api, REPO) is False
     body = json.dumps({"files": {"config.json": {"size": 2, "sha256": "x"}}}).encode()
-    target.api.create_commit(REPO, [CommitOperationAdd(f"final/{MANIFEST}", body)], commit_message="final: manifest")
+    target.api.create_commit(REPO, [CommitOperationAdd(f"{folder}{MANIFEST}", body)], commit_message="final: manifest")
     assert hub_resume.final_on_hub(target.api, REPO) is True
+
+
+def test_a_checkpoint_in_an_earlier_versions_layout_still_resumes(target, tmp_path):
+    """checkpoint-N/ at the repo's root, as the job wrote it before checkpoints/: found, verified, resumed."""
+    old = make_checkpoint(tmp_path / "old-disk", 10, seed=10)
+    manifest, _ = build_manifest(old)
+    ops = [CommitOperationAdd(f"checkpoint-10/{rel}", data) for rel, data in tree(old).items()]
+    target.api.create_commit(REPO, ops, commit_message="checkpoint-10: files")
+    target.api.create_commit(REPO, [CommitOperationAdd(f"checkpoint-10/{MANIFEST}", json.dumps(manifest).encode())],
+                             commit_message="checkpoint-10: manifest")
+    assert hub_checkpoints(target.api.list_repo_files(REPO))[0] == [10]
+    got = hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lambda line: None)
+    assert got == tmp_path / "fresh" / "checkpoint-10" and _without_manifest(got) == tree(old)
 
 
 def test_hub_failure_is_an_error_not_a_silent_fresh_start(target, on_hub, hub_server, tmp_path):

@@ -156,14 +156,22 @@ def read_hub(hub: HubProcess, repo: str, path: str) -> bytes:
     return hub.store.read_file(repo, path)
 
 
+CKPT = "checkpoints/checkpoint-"  # where the repo holds checkpoint-N (the final model is at its root)
+
+
 def complete_steps(files) -> list[int]:
-    """Steps whose checkpoint-N/manifest.json is in the file map."""
-    return sorted(int(p.split("/")[0].split("-")[1]) for p in files
-                  if p.startswith("checkpoint-") and p.endswith(f"/{MANIFEST}") and p.count("/") == 1)
+    """Steps whose checkpoints/checkpoint-N/manifest.json is in the file map."""
+    return sorted(int(p.split("/")[1].split("-")[1]) for p in files
+                  if p.startswith(CKPT) and p.endswith(f"/{MANIFEST}") and p.count("/") == 2)
 
 
 def present_steps(files) -> list[int]:
-    return sorted({int(p.split("/")[0].split("-")[1]) for p in files if p.startswith("checkpoint-")})
+    return sorted({int(p.split("/")[1].split("-")[1]) for p in files if p.startswith(CKPT)})
+
+
+def final_files(files) -> dict[str, dict]:
+    """The final model's files at the repo's root (its manifest included), not the card's nor .gitattributes."""
+    return {p: e for p, e in files.items() if "/" not in p and p not in ("README.md", ".gitattributes")}
 
 
 def when(commit: dict) -> float:
@@ -192,23 +200,28 @@ def files_under(folder: Path) -> list[Path]:
 
 
 def shard_names(files, step: int) -> set[str]:
-    return {p.rsplit("/", 1)[-1] for p in files if p.startswith(f"checkpoint-{step}/global_step{step}/")}
+    return {p.rsplit("/", 1)[-1] for p in files if p.startswith(f"{CKPT}{step}/global_step{step}/")}
 
 
 def is_whole(files, step: int) -> bool:
     """checkpoint-N in a file map holds what sft/checkpoints.py requires: trainer_state.json, latest, 2 shards."""
     names = shard_names(files, step)
     ranks = sorted(int(m.group(1)) for n in names if (m := checkpoints.SHARD.match(n)))
-    return (f"checkpoint-{step}/trainer_state.json" in files and f"checkpoint-{step}/latest" in files
+    return (f"{CKPT}{step}/trainer_state.json" in files and f"{CKPT}{step}/latest" in files
             and ranks == [0, 1])
 
 
 def assert_matches_manifest(hub: HubProcess, repo: str, files: dict[str, dict], step_or_final) -> dict:
-    """The manifest of checkpoint-N (or final) in `files` lists exactly its other files, sizes and sha256s."""
-    prefix = step_or_final if isinstance(step_or_final, str) else f"checkpoint-{step_or_final}"
-    manifest = json.loads(hub.store.blob_path(files[f"{prefix}/{MANIFEST}"]["sha256"]).read_bytes())
-    listed = {f"{prefix}/{rel}": entry for rel, entry in manifest["files"].items()}
-    actual = {p: e for p, e in files.items() if p.startswith(prefix + "/") and p != f"{prefix}/{MANIFEST}"}
+    """The manifest of checkpoint-N (or of the final model, at the root) in `files` lists exactly its other files,
+    sizes and sha256s."""
+    if step_or_final == "final":
+        manifest = json.loads(hub.store.blob_path(files[MANIFEST]["sha256"]).read_bytes())
+        listed, actual = manifest["files"], {p: e for p, e in final_files(files).items() if p != MANIFEST}
+    else:
+        prefix = f"{CKPT}{step_or_final}"
+        manifest = json.loads(hub.store.blob_path(files[f"{prefix}/{MANIFEST}"]["sha256"]).read_bytes())
+        listed = {f"{prefix}/{rel}": entry for rel, entry in manifest["files"].items()}
+        actual = {p: e for p, e in files.items() if p.startswith(prefix + "/") and p != f"{prefix}/{MANIFEST}"}
     assert listed.keys() == actual.keys(), (prefix, listed.keys() ^ actual.keys())
     for path, entry in listed.items():
         assert (entry["size"], entry["sha256"]) == (actual[path]["size"], actual[path]["sha256"]), path
@@ -303,7 +316,7 @@ def test_only_complete_checkpoints_and_each_manifest_after_its_files(hub, cadenc
             assert is_whole(files, step), (commit["title"], step)
         parent = parents[commit["parents"][0]]["files"] if commit["parents"] else {}
         added = {p for p in files if p not in parent or files[p] != parent[p]}
-        new_manifests = {p for p in added if p.endswith(f"/{MANIFEST}") and p.startswith("checkpoint-")}
+        new_manifests = {p for p in added if p.endswith(f"/{MANIFEST}") and p.startswith(CKPT)}
         if new_manifests:
             # a commit of its own, on top of a commit that already held every file it lists
             assert len(added) == 1 and len(new_manifests) == 1 and not (parent.keys() - files.keys()), commit["title"]
@@ -311,10 +324,10 @@ def test_only_complete_checkpoints_and_each_manifest_after_its_files(hub, cadenc
             assert is_whole(parent, step)
             assert_matches_manifest(hub, "alice/cadence", files, step)
             seen_manifests += 1
-        elif any(p.startswith("checkpoint-") for p in added):
+        elif any(p.startswith(CKPT) for p in added):
             # a commit of checkpoint files: one checkpoint, whole, no manifest yet
             steps = present_steps(added)
-            assert len(steps) == 1 and f"checkpoint-{steps[0]}/{MANIFEST}" not in files, commit["title"]
+            assert len(steps) == 1 and f"{CKPT}{steps[0]}/{MANIFEST}" not in files, commit["title"]
     assert seen_manifests >= 3
 
 
@@ -352,11 +365,12 @@ def test_final_model_reports_and_card_on_the_hub_and_in_the_summary(hub, cadence
     on_hub = json.loads(read_hub(hub, "alice/cadence", "run/summary.json"))
     assert on_hub["status"] == "done" and on_hub["train"]["global_step"] == TOTAL_STEPS
     card = read_hub(hub, "alice/cadence", "README.md").decode()
-    assert card.startswith("---") and "library_name: transformers" in card and 'subfolder="final"' in card
+    assert card.startswith("---") and "library_name: transformers" in card
+    assert 'from_pretrained("alice/cadence")' in card and "subfolder" not in card
     history = commits(hub, "alice/cadence")
-    final_files = next(i for i, c in enumerate(history) if "final/config.json" in c["files"])
-    final_manifest = next(i for i, c in enumerate(history) if f"final/{MANIFEST}" in c["files"])
-    assert final_files < final_manifest  # final/ too: the manifest last
+    files_at = next(i for i, c in enumerate(history) if "config.json" in c["files"])
+    manifest_at = next(i for i, c in enumerate(history) if MANIFEST in c["files"])
+    assert files_at < manifest_at  # the final model too: the manifest last
     summary = read_summary(cadence.out)
     hub_summary = summary["hub"]
     assert summary["status"] == "done" and summary["exit_code"] == 0
@@ -550,7 +564,7 @@ def test_kill_9_mid_upload_then_an_empty_disk_resumes_from_the_hub(hub, killed, 
     assert complete_steps(files) == present_steps(files)
     for s in complete_steps(files):
         assert_matches_manifest(hub, repo, files, s)
-    assert f"final/{MANIFEST}" in files
+    assert MANIFEST in files
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,12 +598,12 @@ def test_sigterm_saves_and_uploads_a_checkpoint_then_exits_143(hub, sigterm):
     local = run.out / f"checkpoint-{stopped_at}"
     assert checkpoints.problem(local) is None
     files = head_files(hub, repo)
-    assert f"checkpoint-{stopped_at}/{MANIFEST}" in files
+    assert f"{CKPT}{stopped_at}/{MANIFEST}" in files
     manifest = assert_matches_manifest(hub, repo, files, stopped_at)
     for rel, entry in manifest["files"].items():
         assert sha256(local / rel) == entry["sha256"], rel
     assert f"flush: checkpoint-{stopped_at} is on the Hub" in run.output
-    assert not any(p.startswith("final/") for p in files) and not (run.out / "final").exists()
+    assert MANIFEST not in files and not final_files(files) and not (run.out / "final").exists()
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from sft.planner.inputs import Ranks
 from sft.nodes import Nodes, NodesError, first_host, from_env
 from sft.handoff import CheckpointRecord
 from sft.settings import Settings
-from sft.hub.manifest import hub_checkpoints
+from sft.hub.layout import hub_checkpoints
 
 # ZeRO-3, fp32 and unpacked rows, so that the losses compare to 1e-4 across layouts (docs/facts.md).
 JOB = dict(zero_stage="3", packing="false", precision="fp32", seed=0, logging_steps=1, max_steps=24, save_steps=4,
@@ -263,9 +263,10 @@ def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_s
     # checkpoint goes up only if an upload round comes between its save and the end: final/ supersedes it)
     files = hub_files()
     step = hub_checkpoints(files)[0][-1]
-    assert f"checkpoint-{step}/manifest.json" in files and "final/manifest.json" in files
+    assert f"checkpoints/checkpoint-{step}/manifest.json" in files and "manifest.json" in files
+    shards = f"checkpoints/checkpoint-{step}/global_step{step}/zero_pp_rank_{{}}_mp_rank_00_optim_states.pt"
     for rank in (0, 1):
-        assert f"checkpoint-{step}/global_step{step}/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in files
+        assert shards.format(rank) in files
 
 
 @pytest.mark.slow

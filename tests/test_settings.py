@@ -53,6 +53,13 @@ GOOD = [
     ("SFT_LIGER_KERNELS", "off", "liger_kernels", "false"),
     ("SFT_TRAINER_ARGS", '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}', "trainer_args",
      '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}'),
+    ("SFT_REPORT_TO", "tensorboard,trackio", "report_to", "tensorboard,trackio"),
+    ("SFT_REPORT_TO", "none", "report_to", "none"),
+    ("SFT_RUN_NAME", "qwen3-lr1e-5", "run_name", "qwen3-lr1e-5"),
+    ("SFT_TIME_LIMIT", "3h30m", "time_limit", "3h30m"),
+    ("SFT_TIME_LIMIT", "2026-12-01T18:00:00Z", "time_limit", "2026-12-01T18:00:00Z"),
+    ("SFT_MAX_HOURS", "1.5", "max_hours", 1.5),
+    ("SFT_BUDGET_ACTION", "truncate", "budget_action", "truncate"),
 ]
 
 
@@ -89,6 +96,17 @@ BAD = [
     ("SFT_TRAINER_ARGS", '{"torch_compiled": true}', "torch_compiled: unknown argument (did you mean torch_compile?)"),
     ("SFT_TRAINER_ARGS", '{"per_device_train_batch_size": 8}',
      "per_device_train_batch_size is set by the job: use SFT_MICRO_BATCH"),
+    # before: report_to here killed every rank ("got multiple values"); now the setting of its own is named
+    ("SFT_TRAINER_ARGS", '{"report_to": "wandb"}', "report_to is set by the job: use SFT_REPORT_TO"),
+    ("SFT_TRAINER_ARGS", '{"run_name": "x"}', "run_name is set by the job: use SFT_RUN_NAME"),
+    ("SFT_REPORT_TO", "tensorbord", "tensorbord: unknown tracker (expected tensorboard, trackio, wandb, mlflow)"),
+    ("SFT_REPORT_TO", "none,trackio", "none cannot be listed with trackers"),
+    ("SFT_TIME_LIMIT", "3 hours", "expected a duration such as 3h30m, 90m or 45s, or an end time such as"),
+    ("SFT_TIME_LIMIT", "0m", "expected a duration above zero"),
+    ("SFT_MAX_HOURS", "0", "expected more than 0"),
+    ("SFT_MAX_COST", "5.5", "needs SFT_PRICE_PER_HOUR"),
+    ("SFT_BUDGET_ACTION", "warn", "expected one of refuse, truncate"),
+    ("SFT_HUB_REVISION", "run-2", "needs SFT_HUB_REPO"),
 ]
 
 
@@ -204,8 +222,38 @@ def test_every_argument_the_job_sets_is_owned():
 
     spec = RunSpec(mode="train", model="m", dataset="d", dataset_split="train", max_length=8, packing=True,
                    epochs=1.0, max_steps=-1, learning_rate=1e-5, save_steps=1, save_total_limit=1, logging_steps=1,
-                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, compile=False, micro_batch=1, grad_accum=1,
-                   gradient_checkpointing=False, offload_activations=False, trainer_args={}, node_timeout_seconds=60, stage="2",
+                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, compile=False, micro_batch=1,
+                   grad_accum=1, gradient_checkpointing=False, offload_activations=False, trainer_args={},
+                   node_timeout_seconds=60, stage="2",
                    ds_config="", output_dir="o", report_dir="r", stop_file="s", final_dir="f",
                    record=CheckpointRecord("2", 1))
     assert set(job_arguments(spec, on_gpu=False)) <= set(OWNED_ARGS)
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_a_tracker_not_in_the_image_says_how_to_add_it(isolated_env, tracker):
+    import importlib.util
+
+    if importlib.util.find_spec(tracker) is not None:
+        pytest.skip(f"{tracker} is installed here: the error cannot happen")
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_REPORT_TO": f"tensorboard,{tracker}"})
+    (problem,) = e.value.problems
+    assert problem.startswith(f"SFT_REPORT_TO='tensorboard,{tracker}': {tracker} is not installed in this image")
+    assert f"RUN /opt/venv/bin/pip install {tracker}" in problem
+
+
+def test_a_budget_needs_the_probe(isolated_env):
+    with pytest.raises(SettingsError, match="SFT_PROBE_STEPS='0': SFT_MAX_HOURS and SFT_MAX_COST are checked"):
+        from_env({"SFT_MAX_HOURS": "2", "SFT_PROBE_STEPS": "0"})
+
+
+@pytest.mark.parametrize("branch, ok", [("run-2", True), ("exp/lr-1e-5", True), ("a..b", False), ("-x", False),
+                                        ("x/", False), ("has space", False)])
+def test_hub_revision_is_a_branch_name(isolated_env, branch, ok):
+    env = {"SFT_HUB_REPO": "alice/runs", "SFT_HUB_REVISION": branch}
+    if ok:
+        assert from_env(env).hub_revision == branch
+    else:
+        with pytest.raises(SettingsError, match="expected a branch name such as run-2"):
+            from_env(env)

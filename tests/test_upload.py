@@ -49,7 +49,7 @@ def hub_files(server, repo: str = REPO) -> dict[str, dict]:
 
 
 def manifest_on_hub(server, step: int, repo: str = REPO) -> dict:
-    return json.loads(server.store.read_file(repo, f"checkpoint-{step}/{MANIFEST}"))
+    return json.loads(server.store.read_file(repo, f"checkpoints/checkpoint-{step}/{MANIFEST}"))
 
 
 @pytest.fixture
@@ -149,14 +149,14 @@ def test_cadence_complete_only_manifest_last(hub_server, make_uploader, out):
     hub_server.clear_log()
     started = time.monotonic()
     u.start()
-    assert wait_for(lambda: f"checkpoint-2/{MANIFEST}" in hub_files(hub_server))
+    assert wait_for(lambda: f"checkpoints/checkpoint-2/{MANIFEST}" in hub_files(hub_server))
     first = time.monotonic() - started
     assert first >= INTERVAL * 0.9, f"uploaded {first:.2f} s after start, before the interval"
     time.sleep(INTERVAL * 1.5)
-    assert not any(p.startswith("checkpoint-4/") for p in hub_files(hub_server))  # incomplete: not read
+    assert not any(p.startswith("checkpoints/checkpoint-4/") for p in hub_files(hub_server))  # incomplete: not read
     complete_checkpoint(out / "checkpoint-4")
     done = time.monotonic()
-    assert wait_for(lambda: f"checkpoint-4/{MANIFEST}" in hub_files(hub_server))
+    assert wait_for(lambda: f"checkpoints/checkpoint-4/{MANIFEST}" in hub_files(hub_server))
     assert time.monotonic() - done <= INTERVAL + 3  # at the next round, not much later
 
     # The manifest goes up last, in a commit of its own, after every file it lists is there.
@@ -164,12 +164,12 @@ def test_cadence_complete_only_manifest_last(hub_server, make_uploader, out):
     for step in (2, 4):
         manifest = manifest_on_hub(hub_server, step)
         assert set(manifest["files"]) == set(layout(step))
-        at = next(i for i, c in enumerate(history) if f"checkpoint-{step}/{MANIFEST}" in c["files"])
+        at = next(i for i, c in enumerate(history) if f"checkpoints/checkpoint-{step}/{MANIFEST}" in c["files"])
         before = history[at - 1]["files"]
         for rel, entry in manifest["files"].items():
-            assert before[f"checkpoint-{step}/{rel}"]["sha256"] == entry["sha256"]
-            assert before[f"checkpoint-{step}/{rel}"]["size"] == entry["size"]
-        assert set(history[at]["files"]) - set(before) == {f"checkpoint-{step}/{MANIFEST}"}
+            assert before[f"checkpoints/checkpoint-{step}/{rel}"]["sha256"] == entry["sha256"]
+            assert before[f"checkpoints/checkpoint-{step}/{rel}"]["size"] == entry["size"]
+        assert set(history[at]["files"]) - set(before) == {f"checkpoints/checkpoint-{step}/{MANIFEST}"}
     # ... and in the server's request log: the LFS uploads, then the files commit, then the manifest's.
     log = [(r["method"], r["path"]) for r in hub_server.request_log() if r["status"] == 200]
     commit_at = [i for i, (m, p) in enumerate(log) if m == "POST" and p.endswith("/commit/main")]
@@ -191,7 +191,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(hub_server, make_uploade
     import hashlib
     for rel, data in local.items():
         assert manifest["files"][rel] == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        assert hub_server.store.read_file(REPO, f"checkpoint-6/{rel}") == data
+        assert hub_server.store.read_file(REPO, f"checkpoints/checkpoint-6/{rel}") == data
 
 
 def test_newest_complete_wins_over_older_waiting(hub_server, make_uploader, out):
@@ -200,9 +200,9 @@ def test_newest_complete_wins_over_older_waiting(hub_server, make_uploader, out)
     make_checkpoint(out, 8, complete=False)
     u = make_uploader()
     u.start()
-    assert wait_for(lambda: f"checkpoint-6/{MANIFEST}" in hub_files(hub_server))
+    assert wait_for(lambda: f"checkpoints/checkpoint-6/{MANIFEST}" in hub_files(hub_server))
     time.sleep(INTERVAL * 1.5)
-    steps = {p.split("/")[0] for p in hub_files(hub_server) if p.startswith("checkpoint-")}
+    steps = {p.split("/")[1] for p in hub_files(hub_server) if p.startswith("checkpoints/")}
     assert steps == {"checkpoint-6"}
 
 
@@ -234,25 +234,27 @@ def test_never_two_uploads_at_once(hub_server, make_uploader, out, target, monke
     t.start()
     t.join(30)
     assert flushed == [True] and peak[0] == 1
-    steps = {p.split("/")[0] for p in hub_files(hub_server) if p.endswith(MANIFEST)}
+    steps = {p.split("/")[1] for p in hub_files(hub_server) if p.startswith("checkpoints/") and p.endswith(MANIFEST)}
     assert "checkpoint-6" in steps and "checkpoint-4" not in steps
-    assert not any(p.startswith("checkpoint-4/") for c in commits(hub_server) for p in c["files"])
+    assert not any(p.startswith("checkpoints/checkpoint-4/") for c in commits(hub_server) for p in c["files"])
 
 
 def test_retention_deletes_only_after_the_newer_manifest(hub_server, make_uploader, out, hub_api):
+    # a torn upload of an earlier start, by an earlier version of the job (checkpoint-N/ at the root)
     hub_api.create_commit(REPO, [CommitOperationAdd("checkpoint-1/latest", b"global_step1")],
                           commit_message="a torn upload of an earlier start")
     u = make_uploader(keep=2)
     for step in (2, 4, 6):
         make_checkpoint(out, step)
         assert u.flush(20)
-    assert wait_for(lambda: not any(p.startswith(("checkpoint-1/", "checkpoint-2/")) for p in hub_files(hub_server)))
-    steps = sorted({p.split("/")[0] for p in hub_files(hub_server) if p.startswith("checkpoint-")})
+    assert wait_for(lambda: not any(p.startswith(("checkpoint-1/", "checkpoints/checkpoint-2/"))
+                                    for p in hub_files(hub_server)))
+    steps = sorted({p.split("/")[1] for p in hub_files(hub_server) if p.startswith("checkpoints/")})
     assert steps == ["checkpoint-4", "checkpoint-6"]
     history = commits(hub_server)
-    manifest6 = next(i for i, c in enumerate(history) if f"checkpoint-6/{MANIFEST}" in c["files"])
-    gone2 = next(i for i, c in enumerate(history) if i > 0 and f"checkpoint-2/{MANIFEST}" in history[i - 1]["files"]
-                 and f"checkpoint-2/{MANIFEST}" not in c["files"])
+    manifest6 = next(i for i, c in enumerate(history) if f"checkpoints/checkpoint-6/{MANIFEST}" in c["files"])
+    two = f"checkpoints/checkpoint-2/{MANIFEST}"
+    gone2 = next(i for i, c in enumerate(history) if i > 0 and two in history[i - 1]["files"] and two not in c["files"])
     assert gone2 > manifest6
     assert any("deleted checkpoint-2" in line for line in u.lines)
 
@@ -280,7 +282,7 @@ def test_retention_frees_storage_only_deleted_checkpoints_used(hub_server, make_
     make_checkpoint(out, 4, extra=same)
     assert u.flush(20)
     assert wait_for(lambda: purged, 5)
-    assert {f.filename.split("/")[0] for f in purged} == {"checkpoint-2"}
+    assert {f.filename.split("/")[1] for f in purged} == {"checkpoint-2"}
     kept = {e["sha256"] for p, e in hub_files(hub_server).items() if e["lfs"]}
     assert kept and not kept & {f.file_oid for f in purged}  # checkpoint-4's training_args.bin survives
     assert len(purged) == sum(1 for rel in tree(out / "checkpoint-2") if rel.endswith((".pt", ".pth", ".safetensors")))
@@ -293,7 +295,7 @@ def test_storage_purge_unsupported_is_a_warning_once(hub_server, make_uploader, 
         assert u.flush(20)
     warnings = [line for line in u.lines if "could not free the storage" in line]
     assert len(warnings) == 1 and "404" in warnings[0]
-    assert f"checkpoint-6/{MANIFEST}" in hub_files(hub_server)
+    assert f"checkpoints/checkpoint-6/{MANIFEST}" in hub_files(hub_server)
 
 
 def test_checkpoint_rotated_away_mid_upload_still_goes_up_whole(hub_server, make_uploader, out):
@@ -306,9 +308,9 @@ def test_checkpoint_rotated_away_mid_upload_still_goes_up_whole(hub_server, make
     assert wait_for(lambda: hub_server.request_log(method="PUT") != [], 10)
     shutil.rmtree(out / "checkpoint-2")  # the Trainer's save_total_limit rotation
     make_checkpoint(out, 4, complete=False)
-    assert wait_for(lambda: f"checkpoint-2/{MANIFEST}" in hub_files(hub_server))
+    assert wait_for(lambda: f"checkpoints/checkpoint-2/{MANIFEST}" in hub_files(hub_server))
     for rel, data in original.items():
-        assert hub_server.store.read_file(REPO, f"checkpoint-2/{rel}") == data
+        assert hub_server.store.read_file(REPO, f"checkpoints/checkpoint-2/{rel}") == data
     assert wait_for(lambda: not (out / "run" / "upload-staging" / "checkpoint-2").exists(), 5)
 
 
@@ -328,12 +330,12 @@ def test_outage_then_catch_up_nothing_lost(hub_server, make_uploader, out):
     assert hub_server.fault(fault)["hits"] >= 2
     hub_server.clear_faults()
     assert u.flush(30)
-    assert f"checkpoint-6/{MANIFEST}" in hub_files(hub_server)
+    assert f"checkpoints/checkpoint-6/{MANIFEST}" in hub_files(hub_server)
     from sft.hub.resume import download_checkpoint
 
     got = download_checkpoint(u.target.api, REPO, 6, out.parent / "fresh")
     assert tree(got) == {**tree(out / "checkpoint-6"), MANIFEST: hub_server.store.read_file(
-        REPO, f"checkpoint-6/{MANIFEST}")}
+        REPO, f"checkpoints/checkpoint-6/{MANIFEST}")}
     status = u.uploaded()
     assert status["last_error"] is None and "checkpoint-6" in status["checkpoints"]
 
@@ -344,7 +346,7 @@ def test_connection_dropped_mid_upload_is_retried(hub_server, make_uploader, out
     u = make_uploader()
     assert u.flush(30)
     assert hub_server.fault(fault)["hits"] == 2
-    assert f"checkpoint-2/{MANIFEST}" in hub_files(hub_server)
+    assert f"checkpoints/checkpoint-2/{MANIFEST}" in hub_files(hub_server)
 
 
 @pytest.mark.parametrize("path, wait", [
@@ -387,14 +389,16 @@ def test_finish_uploads_final_reports_and_card(hub_server, make_uploader, out):
     u = make_uploader()
     assert u.finish(final, run) == []
     files = hub_files(hub_server)
-    assert {"final/config.json", "final/model.safetensors", f"final/{MANIFEST}", "run/summary.json",
-            "run/loss.png", "README.md"} <= set(files)
+    # the model at the root, where from_pretrained("owner/repo") and `hf download` look
+    assert {"config.json", "model.safetensors", MANIFEST, "run/summary.json", "run/loss.png",
+            "README.md"} <= set(files)
+    assert not any(p.startswith("final/") for p in files)
     card = hub_server.store.read_file(REPO, "README.md").decode()
     assert "base_model: Qwen/Qwen3-8B" in card and "trl-lib/Capybara" in card and "0.8125" in card
-    assert "SFT_LEARNING_RATE" in card and 'subfolder="final"' in card
+    assert "SFT_LEARNING_RATE" in card and f'from_pretrained("{REPO}")' in card and "subfolder" not in card
     history = commits(hub_server)
-    at = next(i for i, c in enumerate(history) if f"final/{MANIFEST}" in c["files"])
-    assert "final/model.safetensors" in history[at - 1]["files"]
+    at = next(i for i, c in enumerate(history) if MANIFEST in c["files"])
+    assert "model.safetensors" in history[at - 1]["files"]
     assert u.uploaded()["final"] is True
 
 
@@ -406,7 +410,7 @@ def test_finish_names_what_is_missing(hub_server, make_uploader, out):
     u = make_uploader()
     missing = u.finish(out / "final", run, timeout_s=3)
     assert len(missing) == 2
-    assert missing[0].startswith("final/") and "no saved model" in missing[0]
+    assert missing[0].startswith("final/") and "no saved model" in missing[0]  # OUTPUT/final/, on disk
     assert missing[1].startswith("run reports and model card") and "500" in missing[1]
 
 
@@ -418,7 +422,7 @@ def test_token_never_logged_written_or_uploaded(hub_server, make_uploader, out, 
     u = make_uploader()
     assert u.flush(3) is False  # checkpoint-4 holds the token: refused, never retried
     assert any("checkpoint-4 not uploaded" in line and "contains the Hub token" in line for line in u.lines)
-    assert not any(p.startswith("checkpoint-4/") for c in commits(hub_server) for p in c["files"])
+    assert not any(p.startswith("checkpoints/checkpoint-4/") for c in commits(hub_server) for p in c["files"])
     import shutil
     shutil.rmtree(leaky)
     make_checkpoint(out, 6)
@@ -458,3 +462,59 @@ def test_fake_layout_matches_a_real_checkpoint():
     step = checkpoints.step_of(real)
     assert sorted(tree(real)) == sorted(layout(step)) and len(REAL_LAYOUT) == 15
     assert checkpoints.problem(real) is None
+
+
+# -- watching an upload, and a branch of the repo ------------------------------------------------
+
+
+def test_progress_shows_bytes_rate_and_eta_while_an_upload_runs_without_flooding(hub_server, target, out):
+    """A stalled LFS upload: run/upload.json says how far it got, the log says it every progress_every_s."""
+    from sft.events import UploadProgress
+
+    make_checkpoint(out, 2, extra={"global_step2/big_optim_states.pt": os.urandom(24_000_000)})
+    hub_server.add_fault("stall", method="PUT", path="/_lfs/upload/", seconds=3.0, count=1)
+    lines: list[str] = []
+    u = Uploader(target, out, interval_s=60, keep=2, retry_s=0.2, log=lines.append, progress_every_s=1.0)
+    seen: list[UploadProgress] = []
+    flushed = []
+    t = threading.Thread(target=lambda: flushed.append(u.flush(60)))
+    started = time.monotonic()
+    t.start()
+    while t.is_alive():
+        now = UploadProgress.load(out / "run" / "upload.json")
+        if now is not None and now.phase == "uploading":
+            seen.append(now)
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    u.stop(5)
+    assert flushed == [True]
+    total = sum(len(b) for b in tree(out / "checkpoint-2").values())
+    assert seen and all(p.folder == "checkpoint-2" and p.bytes_total == total for p in seen)
+    assert any(0 < p.bytes_sent < total for p in seen)  # partway: the server holds the request, unread
+    progress = [line for line in lines if "checkpoint-2: uploading" in line]
+    assert progress and all("MB of" in line and "%" in line for line in progress)
+    assert any("MB/s" in line and "s left" in line for line in progress)
+    assert len(progress) <= elapsed / 1.0 + 1  # one line a period at most, not one per file or per chunk
+    assert UploadProgress.load(out / "run" / "upload.json").phase == "done"
+
+
+def test_uploads_go_to_the_branch_sft_hub_revision_names(hub_server, out, tmp_path):
+    branch_target = preflight(REPO, WRITE_TOKEN, endpoint=hub_server.url, revision="run-2")
+    u = Uploader(branch_target, out, interval_s=60, keep=2, retry_s=0.2, log=lambda line: None)
+    make_checkpoint(out, 2)
+    assert u.flush(20)
+    final = out / "final"
+    final.mkdir()
+    (final / "config.json").write_text('{"model_type": "qwen3"}')
+    (out / "run" / "summary.json").write_text(json.dumps({"settings": {"hub_repo": REPO}, "status": "done"}))
+    assert u.finish(final, out / "run") == []
+    on_branch = hub_server.store.files("models", REPO, "run-2")[1]
+    assert {f"checkpoints/checkpoint-2/{MANIFEST}", MANIFEST, "config.json", "README.md"} <= set(on_branch)
+    assert set(hub_files(hub_server)) == {".gitattributes"}  # main untouched
+    card = hub_server.store.read_file(REPO, "README.md", revision="run-2").decode()
+    assert f'from_pretrained("{REPO}", revision="run-2")' in card
+    # a second start finds the branch there, and its final model done; main's is not
+    again = preflight(REPO, WRITE_TOKEN, endpoint=hub_server.url, revision="run-2")
+    from sft.hub.resume import final_on_hub
+
+    assert final_on_hub(again.api, REPO, "run-2") and not final_on_hub(again.api, REPO)

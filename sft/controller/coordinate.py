@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .. import exitcodes
+from ..console import say
 from ..handoff import read_json, write_json
 from ..nodes import Nodes
 from ..planner.inputs import Ranks
@@ -51,7 +52,7 @@ def join(s: Settings, nodes: Nodes, ranks: Ranks) -> Team:
     """Connect the nodes' controllers and check that they run one job on one shared folder."""
     if nodes.nnodes == 1:
         return Team(s, nodes, ranks)
-    print(f"nodes: {nodes.describe()}; waiting up to {s.node_timeout_seconds} s for the others", flush=True)
+    say(f"nodes: {nodes.describe()}; waiting up to {s.node_timeout_seconds} s for the others")
     team = Team(s, nodes, ranks, _connect(nodes, s.node_timeout_seconds))
     team.agree()
     return team
@@ -133,8 +134,8 @@ class Team:
             agreed = self._heed("agreed", timeout + BYE_S)  # node 0 may still wait for a slower node
             self._set(f"shared/{self.nodes.node_rank}", marker_seen(self.s.output_path, agreed["token"], timeout))
             self._heed("ready", timeout + BYE_S)
-        print(f"nodes: {self.nodes.nnodes} nodes run the same settings, code and versions, {self.ranks.count} "
-              f"rank(s) each, and share {self.s.output_dir}", flush=True)
+        say(f"nodes: {self.nodes.nnodes} nodes run the same settings, code and versions, {self.ranks.count} "
+              f"rank(s) each, and share {self.s.output_dir}")
 
     def _verdict(self, key: str, problem: str | None, **extra: Any) -> None:
         """Node 0 tells every node; on a problem it stops, once each has read it (its store goes with it)."""
@@ -178,13 +179,12 @@ class Team:
             return
         silent = self._silent([r for r in self.others if not self.store.check([f"done/{self.seq}/{r}"])])
         for r in silent:
-            print(f"error: node {r} stopped answering (its machine, container or job is gone), so its ranks "
-                  "are lost and the others' collectives failed", flush=True)
+            say(f"error: node {r} stopped answering (its machine, container or job is gone), so its ranks "
+                  "are lost and the others' collectives failed")
         self.lost |= set(silent)
         for r in sorted(set(self.others) - self.lost):
             if self.store.check([f"done/{self.seq}/{r}"]):
-                print(f"node {r}: its launcher exited with code {json.loads(self.store.get(f'done/{self.seq}/{r}'))}",
-                      flush=True)
+                say(f"node {r}: its launcher exited with code {json.loads(self.store.get(f'done/{self.seq}/{r}'))}")
 
     def _silent(self, nodes: list[int]) -> list[int]:
         if not nodes:
@@ -204,7 +204,7 @@ class Team:
             try:
                 self._get(f"bye/{r}", BYE_S, f"node {r}'s goodbye")
             except NodesFailed as e:
-                print(f"warning: {e}", flush=True)
+                say(f"warning: {e}")
         return code
 
     # -- the other nodes: follow node 0 ---------------------------------------------------------
@@ -219,12 +219,12 @@ class Team:
                 record = self._get(f"launch/{self.seq}", None, "node 0's next launch")
                 if "end" in record:
                     self._set(f"bye/{self.nodes.node_rank}", True)
-                    print(f"node 0 ended the job: exit code {record['end']}", flush=True)
+                    say(f"node 0 ended the job: exit code {record['end']}")
                     return record["end"]
                 code = self._launch(record, stopper)
                 self._set(f"done/{self.seq}/{self.nodes.node_rank}", code)
         except NodesFailed as e:
-            print(f"error: {e}", flush=True)
+            say(f"error: {e}")
             return exitcodes.TRAIN_FAILED
 
     def _launch(self, record: dict[str, str], stopper: Stopper) -> int:

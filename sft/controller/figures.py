@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ..handoff import RankReport
+from ..planner.budget import Overheads, Projection
 from ..settings import Settings
 from ..units import gib
 
@@ -42,9 +43,11 @@ def warmup_seconds(main: RankReport, rates: dict[str, float] | None) -> float | 
     return round(max(at - main.train_began - step * rates["seconds_per_step"], 0.0), 1)
 
 
-def figures(reports: list[RankReport], s: Settings, started_at: float | None = None) -> dict[str, Any]:
-    """Probe figures from the ranks' reports (rank 0 holds the step times); started_at: when the job began
-    (time.time()), for the seconds a user waits until the first step."""
+def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None = None,
+            started_at: float | None = None) -> dict[str, Any]:
+    """Probe figures from the ranks' reports (rank 0 holds the step times); `overheads`: what the run spends
+    besides its steps (saves, evaluation, the final model), for the projection; started_at: when the job
+    began (time.time()), for the seconds a user waits until the first step."""
     reports = sorted(reports, key=lambda r: r.rank)
     main = reports[0]
     out: dict[str, Any] = {
@@ -62,21 +65,24 @@ def figures(reports: list[RankReport], s: Settings, started_at: float | None = N
         out["warmup_seconds"] = warmup
     if started_at is not None and main.first_step_wall is not None:
         out["seconds_to_first_step"] = round(main.first_step_wall - started_at, 1)
-    out.update(projection(out, s))
+    if (p := projection(out, s, overheads or Overheads())) is not None:
+        out.update(total_steps=p.total_steps, train_hours=round(p.train_seconds() / 3600, 3),
+                   other_hours=round((p.seconds() - p.train_seconds()) / 3600, 3), projected_hours=round(p.hours(), 3))
+        if p.price_per_hour:
+            out["projected_cost"] = round(p.cost(), 2)
     return out
 
 
-def projection(fig: dict[str, Any], s: Settings) -> dict[str, Any]:
-    """Steps, hours and cost of the full run at the probe's steady speed."""
+def projection(fig: dict[str, Any], s: Settings, overheads: Overheads, max_steps: int | None = None
+               ) -> Projection | None:
+    """The run ahead at the probe's steady speed: its steps (max_steps, else SFT_MAX_STEPS, else SFT_EPOCHS'
+    worth), their saves and evaluation, the final model; None when the probe timed too few steps."""
     if "seconds_per_step" not in fig or not fig.get("steps_per_epoch"):
-        return {}
-    total = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"])
+        return None
+    total = max_steps or (s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"]))
     # the training launch pays the warm-up again, less what the compile cache saves (not counted: the safe side)
-    hours = (total * fig["seconds_per_step"] + fig.get("warmup_seconds", 0)) / 3600
-    out = {"total_steps": total, "projected_hours": round(hours, 3)}
-    if s.price_per_hour:
-        out["projected_cost"] = round(hours * s.price_per_hour, 2)
-    return out
+    return Projection(total, fig["seconds_per_step"], s.save_steps, overheads.save_seconds, overheads.final_seconds,
+                      overheads.eval_seconds, s.price_per_hour, fig.get("warmup_seconds", 0.0))
 
 
 def against_run(fig: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
@@ -86,8 +92,8 @@ def against_run(fig: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | 
         return None
     out = {"probe_tokens_per_second": predicted, "run_steady_tokens_per_second": steady,
            "tokens_per_second_error": round(predicted / steady - 1, 4)}
-    if fig.get("projected_hours") and train.get("train_runtime"):
-        out["projected_hours"] = fig["projected_hours"]
+    if fig.get("train_hours") and train.get("train_runtime"):  # steps against steps: saves are not in runtime
+        out["projected_hours"] = fig["train_hours"]
         out["run_hours"] = round(train["train_runtime"] / 3600, 3)
     return out
 
@@ -111,6 +117,8 @@ def table(fig: dict[str, Any]) -> str:
         ("steps to train", fig.get("total_steps", "n/a")),
         ("projected hours", fig.get("projected_hours", "n/a")),
     ]
+    if "other_hours" in fig:
+        rows.append(("  of which saves, final model", fig["other_hours"]))
     if "projected_cost" in fig:
         rows.append(("projected cost", fig["projected_cost"]))
     if any(fig.get("alloc_retries") or []):

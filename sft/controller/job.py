@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 
 from .. import checkpoints, exitcodes, nodes
+from ..console import say
+from ..events import (EVENTS_FILE, BudgetChecked, Decided, Ended, EventLog, SettingsResolved, StopRequested,
+                      TrainStarted)
 from ..handoff import Summary, write_json
 from ..planner import decide
 from ..planner import disk, restart, rules
@@ -20,7 +23,7 @@ from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
 from ..settings import Settings
 from ..units import gib
-from . import coordinate, figures, inputs, machine, outlock, preflight, probe, uploads
+from . import budget, coordinate, figures, inputs, machine, outlock, preflight, probe, timekeeper, uploads
 from .launch import Stopper
 from .output import Paths, losses, plot_loss
 from .runs import Runner
@@ -35,10 +38,10 @@ def run(s: Settings, probe_only: bool = False) -> int:
         ranks, _ = rules.choose_ranks(s, facts.machine)
         team = coordinate.join(s, where, ranks)
     except CannotRun as e:
-        print(f"error: {e}", flush=True)
+        say(f"error: {e}")
         return e.exit_code
     except coordinate.NodesFailed as e:
-        print(f"error: {e}", flush=True)
+        say(f"error: {e}")
         return exitcodes.PREFLIGHT
     if not team.leads:
         return team.follow(Stopper())
@@ -60,6 +63,9 @@ class Job:
         self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes, started_at=started_at)
         self._phase_began = started_at
         self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training
+        self.events = EventLog(self.paths.run / EVENTS_FILE)
+        self.stopper.on_request = lambda reason, detail: self.events.emit(StopRequested(reason=reason, detail=detail))
+        self.deadline, self.timekeeper = None, None  # the time limit, if any, and its watch while training
 
     def run(self, probe_only: bool) -> int:
         """The job, holding the output folder's lock from its first write: a second job on the folder stops
@@ -73,12 +79,12 @@ class Job:
             if not probe_only and uploads.already_done(self.target):
                 return exitcodes.DONE
         except HubError as e:
-            print(f"error: {e.message}", flush=True)
+            say(f"error: {e.message}")
             return e.exit_code
         try:
             lock = outlock.take(self.paths.out)
         except outlock.Busy as e:
-            print(f"error: {e}", flush=True)
+            say(f"error: {e}")
             return exitcodes.OUTPUT_BUSY
         except OSError as e:
             return self._unwritable(e)
@@ -91,7 +97,7 @@ class Job:
         if before is None:
             return None
         same, message = restart.verdict(before, self.s.to_dict(), Settings().to_dict(), str(self.paths.out))
-        print(message if same else f"error: {message}", flush=True)
+        say(message if same else f"error: {message}")
         return exitcodes.DONE if same else exitcodes.BAD_SETTINGS
 
     def _run(self, probe_only: bool) -> int:
@@ -101,9 +107,10 @@ class Job:
             self.stopper.install()
             self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
             write_json(self.paths.run / "settings.json", self.s.to_dict())
+            self._resolved()
             resume = uploads.resume_point(self.paths, self.target)
         except HubError as e:
-            print(f"error: {e.message}", flush=True)
+            say(f"error: {e.message}")
             return e.exit_code
         except OSError as e:
             return self._unwritable(e)
@@ -111,8 +118,9 @@ class Job:
         try:
             given = inputs.read(self.s, self.facts.machine, resume)
             d = self._decided(decide.decide(given))
+            self.runner.overheads = budget.overheads(given.shape.total_params, self.target is not None)
         except CannotRun as e:
-            print(f"error: {e}", flush=True)
+            say(f"error: {e}")
             return self._close(e.exit_code, "preflight failed")
         self.facts = machine.measure_links(self.facts, d.ranks)
         self._phase("start_to_decision")
@@ -123,23 +131,54 @@ class Job:
             outcome = probe.probe(self.runner, given, d, recheck=lambda nxt: self._preflight(given, nxt, probe_only))
             d = self._probed(outcome)
             self._phase("batch_search_and_probe")
+            if outcome.code == exitcodes.DONE:
+                d, refused = self._budget(d, probe_only)
+                if refused:
+                    return self._close(exitcodes.OVER_BUDGET, "over budget", d)
             if outcome.code != exitcodes.DONE or probe_only:
                 return self._close(outcome.code, "probed" if outcome.code == exitcodes.DONE else "probe failed", d)
         elif probe_only:
-            print("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)", flush=True)
+            say("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)")
             return exitcodes.DONE
-        return self._train(d, resume)
+        return self._train(d, resume, given.shape.total_params)
+
+    def _resolved(self) -> None:
+        """The time limit found, and the settings' event."""
+        self.deadline = timekeeper.find_deadline(self.s, os.environ, time.time())
+        if self.deadline is not None:
+            say(f"time limit: {self.deadline.text()} ({self.deadline.source}); a checkpoint is saved and uploaded "
+                f"before it, then exit {exitcodes.TIME_LIMIT}")
+            self.summary.time_limit = {"at": self.deadline.text(), "source": self.deadline.source}
+        self.events.emit(SettingsResolved(settings=self.s.to_dict(), deadline=self.deadline and self.deadline.text(),
+                                          deadline_source=self.deadline and self.deadline.source))
+
+    def _budget(self, d: Decision, probe_only: bool) -> tuple[Decision, bool]:
+        """The budget gate on the probe's projection: (the decision, capped if truncated; whether refused)."""
+        call = budget.check(self.s, self.summary.probe or {}, self.runner.overheads, d.ranks.world)
+        budget.report(call, refusing=not probe_only)
+        if call.verdict != "none":
+            self.summary.budget = {"verdict": call.verdict, "reason": call.reason, "max_steps": call.max_steps,
+                                   "fits": list(call.fits)}
+            fig = self.summary.probe or {}
+            self.events.emit(BudgetChecked(verdict=call.verdict, projected_hours=fig.get("projected_hours", 0.0),
+                                           projected_cost=fig.get("projected_cost"), max_steps=call.max_steps,
+                                           reason=call.reason))
+        if call.verdict == "truncate" and not probe_only:
+            d = decide.cap_steps(d, call.max_steps, "the steps that fit the budget (SFT_BUDGET_ACTION=truncate)")
+        return d, call.verdict == "refuse" and not probe_only
 
     def _unwritable(self, e: OSError) -> int:
         """The output folder cannot be written (a full disk): nothing has run yet."""
-        print(f"error: cannot write in {self.paths.out} ({e.strerror or e}): free space or fix its permissions, "
-              "then start again", flush=True)
+        say(f"error: cannot write in {self.paths.out} ({e.strerror or e}): free space or fix its permissions, "
+              "then start again")
         return exitcodes.PREFLIGHT
 
     def _decided(self, d: Decision) -> Decision:
-        print(format_table(d.plan), flush=True)
-        print("decided:\n" + d.explain(), flush=True)
+        say(format_table(d.plan))
+        say("decided:\n" + d.explain())
         self.summary.plan = d.plan.to_dict()
+        self.events.emit(Decided(stage=d.stage.name, ranks=d.ranks.world, resolved=d.resolved(),
+                                 reasons=dict(d.reasons)))
         return d
 
     def _preflight(self, given: Inputs, d: Decision, probe_only: bool) -> int | None:
@@ -148,10 +187,10 @@ class Job:
         needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, self.s.save_total_limit,
                                    self.s.extra_trainer_args)
         checks = preflight.run(self.facts, needs)
-        print("preflight:\n" + preflight.format_checks(checks), flush=True)
+        say("preflight:\n" + preflight.format_checks(checks))
         self.summary.preflight = [dict(name=c.name, status=c.status, message=c.message) for c in checks]
         if preflight.failed(checks):
-            print("error: preflight found problems that make this run impossible (above)", flush=True)
+            say("error: preflight found problems that make this run impossible (above)")
             return exitcodes.PREFLIGHT
         return None
 
@@ -161,29 +200,41 @@ class Job:
         self.summary.probe = outcome.figures
         return outcome.decision
 
-    def _train(self, d: Decision, resume: Path | None) -> int:
+    def _train(self, d: Decision, resume: Path | None, total_params: int) -> int:
         if self.stopper.requested:
             return self._close(exitcodes.STOPPED, "stopped", d)
-        print(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"),
-              flush=True)
-        self.uploader = uploads.start(self.s, self.target, self.paths)
+        if self._out_of_time(total_params):
+            return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
+        say(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"))
+        self.uploader = uploads.start(self.s, self.target, self.paths, self.events)
+        max_steps = d.max_steps or self.s.max_steps
+        self.events.emit(TrainStarted(stage=d.stage.name, max_steps=max_steps, resumed_from=self.summary.resumed_from))
+        if self.timekeeper is not None:
+            self.timekeeper.uploader = self.uploader
+            self.timekeeper.start()
         started = time.time()
-        code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, self.s.max_steps, resume))
+        try:
+            code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, max_steps, resume))
+        finally:
+            if self.timekeeper is not None:
+                self.timekeeper.stop()
         self.summary.train = train = train_results(reports, time.time() - started)
         self._phase("train")
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
-            print(figures.against_run_line(check), flush=True)
+            say(figures.against_run_line(check))
+        if self.stopper.reason == "time limit":
+            return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
         if train.get("stop_reason") and not self.stopper.requested:  # the ranks stopped before the disk filled
-            print(f"error: {train['stop_reason']}", flush=True)
+            say(f"error: {train['stop_reason']}")
             return self._close(exitcodes.PREFLIGHT, "stopped: disk", d)
         if self.stopper.requested or train.get("status") == "stopped":
             return self._close(exitcodes.STOPPED, "stopped", d)
         if code != 0 or train.get("status") != "done":
             failed_save(self.paths.out)
             why = f": {train['error']}" if train.get("error") else ""
-            print(f"error: training failed (launcher exit code {code}{why}); complete checkpoints are kept and a new "
-                  f"start resumes from the newest", flush=True)
+            say(f"error: training failed (launcher exit code {code}{why}); complete checkpoints are kept and a new "
+                "start resumes from the newest")
             return self._close(exitcodes.TRAIN_FAILED, "failed", d)
         return self._close(exitcodes.DONE, "done", d)
 
@@ -192,6 +243,19 @@ class Job:
         now = time.time()
         self.summary.phases[name] = round(now - self._phase_began, 1)
         self._phase_began = now
+
+    def _out_of_time(self, total_params: int) -> bool:
+        """With a time limit: its watch for training; True when not even a step and a save fit before it."""
+        if self.deadline is None:
+            return False
+        checkpoint, final = budget.sizes(total_params)
+        self.timekeeper = timekeeper.TimeKeeper(self.deadline, self.paths.run, self.stopper, checkpoint, final,
+                                                uploads=self.target is not None)
+        call = self.timekeeper.before_training((self.summary.probe or {}).get("seconds_per_step"))
+        if call.stop:
+            say(f"error: time limit: no time left to train before {self.deadline.text()}: {call.reason}")
+            self.events.emit(StopRequested(reason="time limit", detail=call.reason))
+        return call.stop
 
     def _close(self, code: int, status: str, d: Decision | None = None) -> int:
         """The summary and the loss plot; with a repo, the last uploads. Returns the job's exit code."""
@@ -208,14 +272,16 @@ class Job:
                 plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
             summary.save(self.paths.summary)
         except OSError as e:
-            print(f"error: could not write {self.paths.summary} or the loss plot ({e.strerror or e}): this "
-                  "log is the only record of this start", flush=True)
+            say(f"error: could not write {self.paths.summary} or the loss plot ({e.strerror or e}): this "
+                  "log is the only record of this start")
         if self.uploader is not None:
-            code = uploads.finish(self.uploader, code, self.paths, summary,
-                                  uploads.grace_left(self.s, self.stopper.requested_at))
+            grace = (self.timekeeper.seconds_left() if self.stopper.reason == "time limit" and self.timekeeper
+                     else uploads.grace_left(self.s, self.stopper.requested_at))
+            code = uploads.finish(self.uploader, code, self.paths, summary, grace)
             self._phase("final_uploads")
             summary.save(self.paths.summary)
-        print(f"{status}: exit code {code}; summary in {self.paths.summary}", flush=True)
+        say(f"{status}: exit code {code}; summary in {self.paths.summary}")
+        self.events.emit(Ended(status=status, exit_code=code))
         return code
 
 
@@ -225,12 +291,12 @@ def failed_save(out: Path) -> None:
     newest = checkpoints.latest_complete(out)
     size, free = (machine.folder_bytes(newest) if newest else None), machine.free_disk(str(out))
     if disk.full_after_failure(free, size):
-        print(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free, less than one checkpoint: "
-              f"{size / 1e9:.3g} GB), so the save failed: free space or mount a larger volume", flush=True)
+        say(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free, less than one checkpoint: "
+              f"{size / 1e9:.3g} GB), so the save failed: free space or mount a larger volume")
     for torn in checkpoints.torn(out):
         shutil.rmtree(torn, ignore_errors=True)
-        print(f"removed {torn.name}: the failure left it incomplete; a new start resumes from "
-              f"{newest.name if newest else 'the beginning'}", flush=True)
+        say(f"removed {torn.name}: the failure left it incomplete; a new start resumes from "
+              f"{newest.name if newest else 'the beginning'}")
 
 
 def train_results(reports: list, wall: float) -> dict:

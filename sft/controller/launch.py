@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..console import say
 from ..lifeline import die_with_parent
 from ..nodes import Nodes
 from ..planner.inputs import Ranks
@@ -84,7 +85,7 @@ class Launch:
 
     def run(self) -> int:
         """Run to the end; return the launcher's exit code."""
-        print("$ " + " ".join(self.cmd), flush=True)
+        say("$ " + " ".join(self.cmd))
         # The launcher runs in its own session (signals reach this process first) and dies with it
         # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
         guarded = [sys.executable, "-m", __name__, str(os.getpid()), *self.cmd]
@@ -102,13 +103,13 @@ class Launch:
         self.stop_file.parent.mkdir(parents=True, exist_ok=True)
         self.stop_file.touch()
         self.deadline = time.monotonic() + self.settings.stop_grace_seconds
-        print(f"stop requested: the ranks save a checkpoint and stop "
-              f"(SFT_STOP_GRACE_SECONDS={self.settings.stop_grace_seconds})", flush=True)
+        say(f"stop requested: the ranks save a checkpoint and stop "
+              f"(SFT_STOP_GRACE_SECONDS={self.settings.stop_grace_seconds})")
 
     def _enforce_deadline(self) -> None:
         if self.deadline is None or time.monotonic() < self.deadline or self.proc is None:
             return
-        print("grace period over: stopping the ranks", flush=True)
+        say("grace period over: stopping the ranks")
         _signal_group(self.proc, signal.SIGTERM)
         try:
             self.proc.wait(timeout=KILL_AFTER_SECONDS)
@@ -118,11 +119,14 @@ class Launch:
 
 
 class Stopper:
-    """SIGTERM/SIGINT in the controller: forward a stop to the ranks running now, remember when."""
+    """SIGTERM/SIGINT in the controller, or the time limit: forward a stop to the ranks running now, remember
+    when and why."""
 
     def __init__(self):
         self.requested_at: float | None = None
+        self.reason: str | None = None  # "SIGTERM", "SIGINT", "time limit"
         self.launch: Launch | None = None
+        self.on_request = None  # called once with (reason, detail): the event log
 
     @property
     def requested(self) -> bool:
@@ -133,8 +137,15 @@ class Stopper:
         signal.signal(signal.SIGINT, self.handle)
 
     def handle(self, signum, frame) -> None:
-        print(f"received {signal.Signals(signum).name}", flush=True)
-        self.requested_at = self.requested_at or time.monotonic()
+        say(f"received {signal.Signals(signum).name}")
+        self.request(signal.Signals(signum).name)
+
+    def request(self, reason: str, detail: str = "") -> None:
+        """Stop: the ranks running now save and stop, and any later launch stops at its first step."""
+        if self.requested_at is None:
+            self.requested_at, self.reason = time.monotonic(), reason
+            if self.on_request is not None:
+                self.on_request(reason, detail)
         if self.launch is not None:
             self.launch.stop()
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import exitcodes
+from ..console import say
+from ..events import Escalated, ProbeTry
 from ..handoff import RankReport, Split, write_json
 from ..planner import decide
 from ..planner.decide import Decision
@@ -51,13 +53,14 @@ def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decisi
         except ProbeOutOfMemory as e:
             nxt, change = decide.escalate(inputs, d, str(e))
             if nxt is None:
-                print(f"error: {e} with ZeRO {d.stage.name}; {change}", flush=True)
+                say(f"error: {e} with ZeRO {d.stage.name}; {change}")
                 outcome.code = exitcodes.PROBE_OOM
                 break
-            print(f"auto: {e} with ZeRO {d.stage.name}; {change} and probing again", flush=True)
+            say(f"auto: {e} with ZeRO {d.stage.name}; {change} and probing again")
             moved = nxt.stage != d.stage
-            outcome.escalations.append({"from": d.stage.name if moved else "checkpointing off",
-                                        "to": nxt.stage.name if moved else "on", "why": str(e)})
+            before, after = (d.stage.name, nxt.stage.name) if moved else ("checkpointing off", "on")
+            outcome.escalations.append({"from": before, "to": after, "why": str(e)})
+            runner.events.emit(Escalated(before=before, after=after, why=str(e)))
             outcome.decision = nxt
             outcome.code = recheck(nxt) or exitcodes.DONE
         except _Failed as e:
@@ -72,10 +75,10 @@ class _Failed(Exception):
 
 def _probe_once(runner: Runner, d: Decision) -> dict[str, Any]:
     s = runner.s
-    print(f"probe: {s.probe_steps} steps with ZeRO {d.stage.name} on {d.ranks.world} rank(s)", flush=True)
+    say(f"probe: {s.probe_steps} steps with ZeRO {d.stage.name} on {d.ranks.world} rank(s)")
     fig, reports = _timed_run(runner, d, s.probe_steps, "probe")
     write_json(runner.paths.run / "probe.json", fig)
-    print("probe:\n" + figures.table(fig), flush=True)
+    say("probe:\n" + figures.table(fig))
     _check_headroom(reports)
     return fig
 
@@ -84,16 +87,29 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict
     """Ranks that train `steps` steps and save nothing; their figures and reports. Raises ProbeOutOfMemory
     when a rank ran out of memory, _Failed when the run failed or was stopped."""
     spec = runner.spec(d, "probe", runner.paths.run / name.replace(" ", "-"), steps)
+    began = time.monotonic()
     code, reports = runner.run(spec)
+
+    def tried(outcome: str, fig: dict[str, Any] | None = None) -> None:
+        fig = fig or {}
+        runner.events.emit(ProbeTry(what=name, stage=d.stage.name, split=d.split.text(), outcome=outcome,
+                                    tokens_per_second=fig.get("tokens_per_second"),
+                                    seconds_per_step=fig.get("seconds_per_step"),
+                                    wall_seconds=round(time.monotonic() - began, 1)))
+
     if runner.stopper.requested:
+        tried("stopped")
         raise _Failed(exitcodes.STOPPED)
     if code == exitcodes.RANK_OOM or any(r.status == "oom" for r in reports):
+        tried("out of memory")
         raise ProbeOutOfMemory(f"the {name} ran out of GPU memory")
     if code != 0 or len(reports) != d.ranks.world or any(r.status != "done" for r in reports):
-        print(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above", flush=True)
+        tried("failed")
+        say(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above")
         raise _Failed(exitcodes.PROBE_FAILED)
-    fig = figures.figures(reports, runner.s, runner.started_at)
+    fig = figures.figures(reports, runner.s, runner.overheads, runner.started_at)
     fig["stage"] = d.stage.name
+    tried("ok", fig)
     return fig, reports
 
 
@@ -109,8 +125,8 @@ def _search_batch(runner: Runner, inputs: Inputs, outcome: Outcome) -> int:
     """Time each split the decision lists in a short run; adopt the fastest that did not run out of memory."""
     d, started = outcome.decision, time.monotonic()
     steps = min(runner.s.probe_steps, BATCH_SEARCH_STEPS)
-    print(f"batch search: {len(d.search)} splits of {d.split.rows} rows per step, {steps} steps each, with "
-          f"ZeRO {d.stage.name}", flush=True)
+    say(f"batch search: {len(d.search)} splits of {d.split.rows} rows per step, {steps} steps each, with "
+          f"ZeRO {d.stage.name}")
     tries = []
     for split in d.search:
         tried, began = _try_split(runner, inputs, d, split, steps)
@@ -119,14 +135,13 @@ def _search_batch(runner: Runner, inputs: Inputs, outcome: Outcome) -> int:
     outcome.batch_search = {"rows_per_step": d.split.rows, "steps": steps, "tries": tries}
     timed = [t for t in tries if t["tokens_per_second"]]
     if not timed:  # every split failed: the planned one, and the probe's usual escalation
-        print("batch search: no split could be timed; probing the planned one", flush=True)
+        say("batch search: no split could be timed; probing the planned one")
         return exitcodes.DONE
     best = max(timed, key=lambda t: t["tokens_per_second"])
     outcome.batch_search.update(chosen=best, wall_seconds=round(time.monotonic() - started, 1))
     split = Split(best["micro_batch"], best["grad_accum"], best["gradient_checkpointing"])
     outcome.decision = decide.adopt(inputs, d, split, f"{split.text()}, the fastest the batch search timed")
-    print(f"batch search: keeping {split.text()} ({outcome.batch_search['wall_seconds']:.0f} s spent searching)",
-          flush=True)
+    say(f"batch search: keeping {split.text()} ({outcome.batch_search['wall_seconds']:.0f} s spent searching)")
     return exitcodes.DONE
 
 
@@ -140,6 +155,6 @@ def _try_split(runner: Runner, inputs: Inputs, d: Decision, split: Split, steps:
         fig, tried["out_of_memory"] = {}, str(e)
     tried["tokens_per_second"] = fig.get("tokens_per_second")
     tried["peak_reserved_gib"] = fig.get("peak_reserved_gib")
-    print(f"batch search: {split.text()}: " + (f"{tried['tokens_per_second']:,.0f} tokens/s" if
-          tried["tokens_per_second"] else tried.get("out_of_memory", "too few steps to time")), flush=True)
+    say(f"batch search: {split.text()}: " + (f"{tried['tokens_per_second']:,.0f} tokens/s" if
+          tried["tokens_per_second"] else tried.get("out_of_memory", "too few steps to time")))
     return tried, began

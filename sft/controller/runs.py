@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..events import EVENTS_FILE, EventLog
 from ..handoff import RankReport, RunSpec, write_json
+from ..planner.budget import Overheads
 from ..planner.decide import Decision
 from ..settings import Settings
 from .coordinate import Team
@@ -18,6 +20,8 @@ class Runner:
     def __init__(self, s: Settings, team: Team, paths: Paths, stopper: Stopper, started_at: float):
         self.s, self.team, self.paths, self.stopper = s, team, paths, stopper
         self.started_at = started_at  # time.time() when the job began: what a user waits is counted from it
+        self.events = EventLog(paths.run / EVENTS_FILE)  # the probe's tries go there
+        self.overheads = Overheads()  # the run's saves and final model, for the probe's projection (set by the job)
 
     def spec(self, d: Decision, mode: str, output_dir: Path, max_steps: int, resume: Path | None = None) -> RunSpec:
         """The decision as the ranks read it; its DeepSpeed config is written to run/ds_config.json."""
@@ -47,4 +51,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         trainer_args=s.extra_trainer_args, node_timeout_seconds=s.node_timeout_seconds,
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
-        record=d.record(), resume=str(resume) if resume else None)
+        record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_name=s.run_name,
+        run_dir=str(paths.run))

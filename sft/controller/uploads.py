@@ -5,11 +5,11 @@ The protocol itself (preflight, manifests, the uploader's schedule, retention, r
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from .. import checkpoints, exitcodes
+from ..console import say
 from ..handoff import Summary
 from ..settings import Settings
 from .output import Paths
@@ -21,24 +21,27 @@ def connect(s: Settings):
     from ..hub.preflight import preflight
 
     if s.hub_repo is None:
-        print("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)", flush=True)
+        say("no SFT_HUB_REPO: checkpoints stay on this disk only (nothing is uploaded)")
         return None
-    target = preflight(s.hub_repo, token())
-    print(f"hub: uploading to {target.url} every {s.upload_minutes:g} min, {transport.describe()}", flush=True)
+    target = preflight(s.hub_repo, token(), revision=s.hub_revision)
+    say(f"hub: uploading to {target.url} every {s.upload_minutes:g} min, {transport.describe()}")
     return target
 
 
 def token() -> str | None:
-    """The token the job uploads with (its one lookup: the start's check and the upload read it here)."""
-    return os.environ.get("HF_TOKEN")
+    """The token the job uploads with: huggingface_hub's own lookup (HF_TOKEN, else the file at
+    HF_TOKEN_PATH, else `hf auth login`'s), the one the start's check and the upload both read."""
+    from huggingface_hub import get_token
+
+    return get_token()
 
 
 def already_done(target) -> bool:
     """The final model on the Hub: a second start has nothing to do (a finished run on disk is found before)."""
     from ..hub.resume import final_on_hub
 
-    if target is not None and final_on_hub(target.api, target.repo_id):
-        print(f"the final model is already on {target.url}; nothing to do.", flush=True)
+    if target is not None and final_on_hub(target.api, target.repo_id, target.revision):
+        say(f"the final model is already on {target.url}; nothing to do.")
         return True
     return False
 
@@ -49,17 +52,17 @@ def resume_point(paths: Paths, target) -> Path | None:
 
     resume = checkpoints.latest_complete(paths.out)
     if resume is None and target is not None:
-        resume = resume_from_hub(target.api, target.repo_id, paths.out)
+        resume = resume_from_hub(target.api, target.repo_id, paths.out, revision=target.revision)
     return resume
 
 
-def start(s: Settings, target, paths: Paths):
+def start(s: Settings, target, paths: Paths, events=None):
     """The background uploader of checkpoints, or None without a repo."""
     from ..hub.uploader import Uploader
 
     if target is None:
         return None
-    uploader = Uploader(target, paths.out, interval_s=s.upload_minutes * 60, keep=s.save_total_limit)
+    uploader = Uploader(target, paths.out, interval_s=s.upload_minutes * 60, keep=s.save_total_limit, events=events)
     uploader.start()
     return uploader
 
@@ -68,14 +71,14 @@ def finish(uploader, code: int, paths: Paths, summary: Summary, grace_left_s: fl
     """Stopped or failed: flush the newest checkpoint in the grace left. Done: final model and reports."""
     if code != exitcodes.DONE:
         if not uploader.flush(grace_left_s):
-            print(f"warning: the newest checkpoint did not reach the Hub: {uploader.behind()}", flush=True)
+            say(f"warning: the newest checkpoint did not reach the Hub: {uploader.behind()}")
         uploader.stop(5)
         return code
     missing = uploader.finish(paths.final, paths.run, summary.to_dict())
     summary.hub = uploader.uploaded()
     summary.save(paths.summary)
     if missing:
-        print("error: trained, but not uploaded: " + "; ".join(missing), flush=True)
+        say("error: trained, but not uploaded: " + "; ".join(missing))
         return exitcodes.UPLOAD_INCOMPLETE
     return code
 

@@ -11,24 +11,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
+
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..units import size_text
 from .errors import TokenFound
+from .layout import FINAL_NAME, KEEP_AT_ROOT, MANIFEST, in_repo
 
-MANIFEST = "manifest.json"
+if TYPE_CHECKING:
+    from .progress import UploadWatch
+
 MANIFEST_FORMAT = 1
-FINAL = "final"
 HASH_CHUNK = 8 * 2**20  # bytes per read: hashlib releases the GIL on buffers this large
 HASH_THREADS = 4  # sha256 runs at about 1-2 GB/s a core: a 115 GB checkpoint hashes in about a minute
-STEP_DIR = re.compile(r"^checkpoint-(\d+)/")
 
 
 def now_iso() -> str:
@@ -121,17 +122,6 @@ def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def hub_checkpoints(paths: Iterable[str]) -> tuple[list[int], list[int]]:
-    """From a repo's file list: (steps whose manifest is up, steps with any file), oldest first."""
-    complete, present = set(), set()
-    for path in paths:
-        if m := STEP_DIR.match(path):
-            present.add(int(m.group(1)))
-            if path == f"checkpoint-{m.group(1)}/{MANIFEST}":
-                complete.add(int(m.group(1)))
-    return sorted(complete), sorted(present)
-
-
 # -- one folder up -------------------------------------------------------------------------------
 
 
@@ -139,10 +129,15 @@ def hub_checkpoints(paths: Iterable[str]) -> tuple[list[int], list[int]]:
 class Prepared:
     """A folder snapshotted and hashed, ready to go up (kept across retries: hashing 115 GB takes a minute)."""
 
-    prefix: str
+    prefix: str  # where it goes in the repo: checkpoints/checkpoint-N, or '' (the root) for the final model
     staged: Path
     manifest: dict[str, Any]
     stats: dict[str, tuple[int, int]]
+
+    @property
+    def name(self) -> str:
+        """As logs and commit titles name it: checkpoint-N, or final."""
+        return self.prefix.rsplit("/", 1)[-1] or FINAL_NAME
 
     def unchanged(self) -> bool:
         try:
@@ -157,10 +152,13 @@ class Vanished(Exception):
 
 
 class FolderSender:
-    """Sends a folder into `prefix/` of the repo by the manifest protocol; one send at a time (the caller's lock)."""
+    """Sends a folder into `prefix/` of the repo (or its root) by the manifest protocol, on branch `revision`;
+    one send at a time (the caller's lock). `watch` follows the bytes as they go."""
 
-    def __init__(self, api, repo_id: str, staging: Path, log: Callable[[str], None]):
+    def __init__(self, api, repo_id: str, staging: Path, log: Callable[[str], None], revision: str | None = None,
+                 watch: UploadWatch | None = None):
         self.api, self.repo, self.staging, self._log = api, repo_id, staging, log
+        self.revision, self.watch = revision, watch
         self._prepared: Prepared | None = None  # the last snapshot, reused by a retry of the same folder
 
     def clear_staging(self) -> None:
@@ -176,18 +174,21 @@ class FolderSender:
         p = self._prepared
         if p is not None and p.prefix == prefix and p.unchanged():
             return p
-        staged = self.staging / prefix
+        name = prefix.rsplit("/", 1)[-1] or FINAL_NAME
+        staged = self.staging / name
         try:
             snapshot(src, staged)
         except FileNotFoundError:
-            raise Vanished(f"{prefix} was deleted by the Trainer during its snapshot") from None
+            raise Vanished(f"{name} was deleted by the Trainer during its snapshot") from None
         if (why := complete(staged)) is not None:
-            raise Vanished(f"{prefix} was deleted by the Trainer during its snapshot ({why})")
+            raise Vanished(f"{name} was deleted by the Trainer during its snapshot ({why})")
+        if self.watch is not None:
+            self.watch.begin(name, sum(p.stat().st_size for p in manifest_files(staged)), "hashing")
         try:
             manifest, stats = build_manifest(staged, self.api.token)
         except TokenFound as e:
             shutil.rmtree(staged, ignore_errors=True)
-            raise TokenFound(f"{prefix} not uploaded: {str(e).replace(str(staged), prefix)} "
+            raise TokenFound(f"{name} not uploaded: {str(e).replace(str(staged), name)} "
                              "(never hand HF_TOKEN to the Trainer or the ranks)") from None
         self._prepared = Prepared(prefix, staged, manifest, stats)
         return self._prepared
@@ -199,31 +200,50 @@ class FolderSender:
         """
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
+        from .progress import counted_add
+
         started, total = time.monotonic(), p.manifest["total_bytes"]
+        if self.watch is not None:
+            self.watch.begin(p.name, total, "uploading")
         ops: list[Any] = []
         for rel, entry in p.manifest["files"].items():
-            op = CommitOperationAdd(path_in_repo=f"{p.prefix}/{rel}", path_or_fileobj=str(p.staged / rel))
+            op = counted_add(in_repo(p.prefix, rel), p.staged / rel, self.watch)
             op.upload_info.sha256 = bytes.fromhex(entry["sha256"])  # hashed once for the manifest, not twice
             ops.append(op)
         wanted = {op.path_in_repo for op in ops}
         # What an earlier, cut-off upload of this folder left (an old manifest included) must not outlive it.
-        ops += [CommitOperationDelete(path) for path in sorted(hub_files)
-                if path.startswith(p.prefix + "/") and path not in wanted]
-        self.api.create_commit(self.repo, ops, commit_message=f"{p.prefix}: {len(wanted)} files, {size_text(total)}")
+        ops += [CommitOperationDelete(path) for path in sorted(hub_files) if _stale(path, p.prefix, wanted)]
+        try:
+            self.api.create_commit(self.repo, ops, commit_message=f"{p.name}: {len(wanted)} files, {size_text(total)}",
+                                   revision=self.revision)
+        finally:
+            if self.watch is not None:
+                self.watch.end()
         if not p.unchanged():
             self._prepared = None
-            raise RuntimeError(f"{p.prefix} changed on disk during its upload; it goes up again")
+            raise RuntimeError(f"{p.name} changed on disk during its upload; it goes up again")
         body = json.dumps(p.manifest, indent=1).encode()
-        self.api.create_commit(self.repo, [CommitOperationAdd(f"{p.prefix}/{MANIFEST}", body)],
-                               commit_message=f"{p.prefix}: manifest ({len(wanted)} files, complete)")
+        self.api.create_commit(self.repo, [CommitOperationAdd(in_repo(p.prefix, MANIFEST), body)],
+                               commit_message=f"{p.name}: manifest ({len(wanted)} files, complete)",
+                               revision=self.revision)
         return self._sent(p, total, time.monotonic() - started)
 
     def _sent(self, p: Prepared, total: int, seconds: float) -> dict[str, Any]:
         rate = total / 1e6 / seconds if seconds > 0 else None
-        record = {"folder": p.prefix, "files": len(p.manifest["files"]), "bytes": total,
+        record = {"folder": p.name, "path": p.prefix, "files": len(p.manifest["files"]), "bytes": total,
                   "seconds": round(seconds, 2), "mb_per_s": round(rate, 1) if rate else None, "at": now_iso()}
         shutil.rmtree(p.staged, ignore_errors=True)
         self._prepared = None
-        self._log(f"{p.prefix} is on the Hub ({size_text(total)} in {seconds:.1f} s"
+        self._log(f"{p.name} is on the Hub ({size_text(total)} in {seconds:.1f} s"
                   + (f", {rate:.1f} MB/s)" if rate else ")"))
         return record
+
+
+def _stale(path: str, prefix: str, wanted: set[str]) -> bool:
+    """A file in the repo that an upload of `prefix` replaces: under it and not sent now. At the root (the final
+    model) only the root's own files count, but the model card and .gitattributes."""
+    if path in wanted:
+        return False
+    if prefix:
+        return path.startswith(prefix + "/")
+    return "/" not in path and path not in KEEP_AT_ROOT

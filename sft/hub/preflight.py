@@ -1,5 +1,9 @@
 """The Hub's check at the start of a job, before any GPU work: the token is there and accepted, it can
-write to the repo, and the repo is private (created private if missing; a public one is refused)."""
+write to the repo, and the repo is private (created private if missing; a public one is refused); with a
+branch (SFT_HUB_REVISION), the branch exists (made from main if missing).
+
+The token is found as huggingface_hub finds it (get_token: HF_TOKEN, else the file at HF_TOKEN_PATH, else
+the login `hf auth login` saved); it lives in the HfApi object only."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import exitcodes
+from ..console import say
 from .errors import HubError, http_status, redact, retry_after, short_error, transient
 
 PREFLIGHT_TRIES = 3  # whoami, repo_info and create_repo are not retried by huggingface_hub itself
@@ -22,22 +27,26 @@ class HubTarget:
     user: str
     created: bool
     api: Any = field(repr=False, compare=False)  # HfApi: it holds the token, so it is never serialised
+    revision: str | None = None  # the branch uploads go to; None: main
 
     @property
     def url(self) -> str:
-        return f"{self.endpoint}/{self.repo_id}"
+        return f"{self.endpoint}/{self.repo_id}" + (f"/tree/{self.revision}" if self.revision else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"repo_id": self.repo_id, "url": self.url, "user": self.user, "created": self.created}
+        return {"repo_id": self.repo_id, "url": self.url, "user": self.user, "created": self.created,
+                "revision": self.revision}
 
 
-def preflight(repo_id: str, token: str | None, endpoint: str | None = None) -> HubTarget:
-    """Before any GPU work: the token exists, whoami answers, it can write, the repo is private (made if missing)."""
+def preflight(repo_id: str, token: str | None, endpoint: str | None = None, revision: str | None = None) -> HubTarget:
+    """Before any GPU work: the token exists, whoami answers, it can write, the repo is private (made if missing),
+    and the branch `revision` exists (made from main if missing)."""
     from huggingface_hub import HfApi, constants
 
     if not token:
         raise HubError(f"SFT_HUB_REPO={repo_id!r} needs HF_TOKEN: a Hugging Face token with write access "
-                       "(https://huggingface.co/settings/tokens)", exitcodes.HUB_AUTH)
+                       "(https://huggingface.co/settings/tokens), in HF_TOKEN or saved by `hf auth login` (or in "
+                       "the file HF_TOKEN_PATH names)", exitcodes.HUB_AUTH)
     if constants.HF_HUB_OFFLINE:
         raise HubError(f"SFT_HUB_REPO={repo_id!r} but HF_HUB_OFFLINE=1 forbids the Hub: unset one of them",
                        exitcodes.BAD_SETTINGS)
@@ -45,7 +54,10 @@ def preflight(repo_id: str, token: str | None, endpoint: str | None = None) -> H
     me = _preflight_call(api, "whoami", api.whoami)
     check_write_access(me, repo_id)
     created = _ensure_private(api, repo_id)
-    return HubTarget(repo_id, api.endpoint, me.get("name", "?"), created, api)
+    if revision:
+        _preflight_call(api, f"create_branch({revision})", api.create_branch, repo_id, branch=revision, exist_ok=True)
+        say(f"hub: uploading to branch {revision} of {repo_id}")
+    return HubTarget(repo_id, api.endpoint, me.get("name", "?"), created, api, revision)
 
 
 def _preflight_call(api, what: str, fn: Callable, *args, **kwargs):
@@ -113,7 +125,7 @@ def _ensure_private(api, repo_id: str) -> bool:
         raise HubError(f"{repo_id} on {api.endpoint} is public, and this job never uploads to a public repo (a "
                        "checkpoint is the whole training state): make it private on its settings page, or set "
                        "SFT_HUB_REPO to a new name, which the job creates private", exitcodes.HUB_PUBLIC_REPO)
-    print(f"hub: {'created private repo' if created else 'private repo'} {api.endpoint}/{repo_id}", flush=True)
+    say(f"hub: {'created private repo' if created else 'private repo'} {api.endpoint}/{repo_id}")
     return created
 
 

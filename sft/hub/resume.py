@@ -1,4 +1,5 @@
-"""Resume from the Hub on a fresh disk: the newest checkpoint whose manifest is up, downloaded and verified.
+"""Resume from the Hub on a fresh disk: the newest checkpoint whose manifest is up, downloaded and verified
+(from checkpoints/checkpoint-N, or checkpoint-N at the root where an earlier version of the job put it).
 
 A checkpoint on the Hub counts only with its manifest (the uploader commits it after the files): the
 manifest says which files make it and what the uploader hashed. The Hub's own record of each file must
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import exitcodes
-from .errors import HubError, redact, short_error
+from ..console import say
 from ..units import size_text
-from .manifest import FINAL, MANIFEST, hub_checkpoints, verify
+from .errors import HubError, redact, short_error
+from .layout import MANIFEST, complete_prefix, final_done, hub_checkpoints, in_repo
+from .manifest import verify
 
 DOWNLOAD_DIR = "hub-download"  # under OUTPUT/run/
 
@@ -27,16 +30,16 @@ class TornCheckpoint(Exception):
     """A checkpoint on the Hub without a manifest, or with a file missing or different from it."""
 
 
-def final_on_hub(api, repo_id: str) -> bool:
+def final_on_hub(api, repo_id: str, revision: str | None = None) -> bool:
     """The final model is on the Hub (its manifest is, which goes up after its files)."""
-    return f"{FINAL}/{MANIFEST}" in set(api.list_repo_files(repo_id))
+    return final_done(api.list_repo_files(repo_id, revision=revision))
 
 
 def _read_manifest(api, repo_id: str, prefix: str, work: Path, revision: str) -> dict[str, Any]:
     from huggingface_hub.errors import EntryNotFoundError
 
     try:
-        path = api.hf_hub_download(repo_id, f"{prefix}/{MANIFEST}", local_dir=work, revision=revision)
+        path = api.hf_hub_download(repo_id, in_repo(prefix, MANIFEST), local_dir=work, revision=revision)
     except EntryNotFoundError:
         raise TornCheckpoint("no manifest (its upload was cut off)") from None
     try:
@@ -81,45 +84,49 @@ def check_download(api, repo_id: str, revision: str, work: Path, prefix: str, ma
     return problems + verify(work / prefix, {"files": small})
 
 
-def download_checkpoint(api, repo_id: str, step: int, output_dir: Path) -> Path:
-    """checkpoint-N from the Hub into OUTPUT/checkpoint-N, verified against its manifest; raises TornCheckpoint."""
+def download_checkpoint(api, repo_id: str, step: int, output_dir: Path, revision: str | None = None,
+                        prefix: str | None = None) -> Path:
+    """checkpoint-N from the Hub (`prefix`: its folder there) into OUTPUT/checkpoint-N, verified against its
+    manifest and the Hub's own record; raises TornCheckpoint."""
     from huggingface_hub.hf_api import RepoFile
 
-    prefix, output_dir = f"checkpoint-{step}", Path(output_dir)
+    name, output_dir = f"checkpoint-{step}", Path(output_dir)
+    commit = api.repo_info(repo_id, revision=revision).sha  # one commit for the manifest, the files and their check
+    prefix = prefix or complete_prefix(api.list_repo_files(repo_id, revision=commit), step) or name
     work = output_dir / "run" / DOWNLOAD_DIR
     shutil.rmtree(work, ignore_errors=True)
-    revision = api.repo_info(repo_id).sha  # one commit for the manifest, the files and their check
-    manifest = _read_manifest(api, repo_id, prefix, work, revision)
+    manifest = _read_manifest(api, repo_id, prefix, work, commit)
     paths = [f"{prefix}/{rel}" for rel in manifest["files"]]
-    on_hub = {f.path: f for f in api.get_paths_info(repo_id, paths, revision=revision) if isinstance(f, RepoFile)}
+    on_hub = {f.path: f for f in api.get_paths_info(repo_id, paths, revision=commit) if isinstance(f, RepoFile)}
     problems = against_hub(manifest, prefix, on_hub)
     if not problems:
-        api.snapshot_download(repo_id, revision=revision, local_dir=work, allow_patterns=paths)
-        problems = check_download(api, repo_id, revision, work, prefix, manifest, on_hub)
+        api.snapshot_download(repo_id, revision=commit, local_dir=work, allow_patterns=paths)
+        problems = check_download(api, repo_id, commit, work, prefix, manifest, on_hub)
     if problems:
         shutil.rmtree(work, ignore_errors=True)
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise TornCheckpoint("; ".join(problems[:3]) + more)
-    dest = output_dir / prefix
+    dest = output_dir / name
     if dest.exists():  # an incomplete local copy: a complete one would have been resumed from instead
-        print(f"warning: replacing the incomplete {dest} with the Hub's verified copy", flush=True)
+        say(f"warning: replacing the incomplete {dest} with the Hub's verified copy")
         shutil.rmtree(dest)
     os.replace(work / prefix, dest)  # one rename: checkpoint-N appears whole or not at all
     shutil.rmtree(work, ignore_errors=True)
     return dest
 
 
-def resume_from_hub(api, repo_id: str, output_dir: Path,
-                    log: Callable[[str], None] = lambda line: print(line, flush=True)) -> Path | None:
+def resume_from_hub(api, repo_id: str, output_dir: Path, log: Callable[[str], None] = say,
+                    revision: str | None = None) -> Path | None:
     """The newest whole checkpoint on the Hub, downloaded into OUTPUT; torn ones are skipped with a warning."""
     try:
-        complete, present = hub_checkpoints(api.list_repo_files(repo_id))
+        files = api.list_repo_files(repo_id, revision=revision)
+        complete, present = hub_checkpoints(files)
         for step in sorted(set(present) - set(complete), reverse=True):
             if not complete or step > complete[-1]:
                 log(f"warning: checkpoint-{step} on the Hub has no manifest (its upload was cut off): skipped")
         for step in reversed(complete):
             try:
-                path = download_checkpoint(api, repo_id, step, output_dir)
+                path = download_checkpoint(api, repo_id, step, output_dir, revision, complete_prefix(files, step))
             except TornCheckpoint as e:
                 log(f"warning: checkpoint-{step} on the Hub is torn ({e}): skipped for the previous one")
                 continue

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import http_status, redact, short_error
 from ..units import size_text
-from .manifest import STEP_DIR, hub_checkpoints
+from .errors import http_status, redact, short_error
+from .layout import STEP_DIR, hub_checkpoints, step_prefixes
 
 
 class Retention:
     """Deletes Hub checkpoints beyond the newest `keep` with a manifest, and frees their storage."""
 
-    def __init__(self, api, repo_id: str, keep: int, log: Callable[[str], None]):
-        self.api, self.repo, self.keep, self._log = api, repo_id, int(keep), log
+    def __init__(self, api, repo_id: str, keep: int, log: Callable[[str], None], revision: str | None = None):
+        self.api, self.repo, self.keep, self._log, self.revision = api, repo_id, int(keep), log, revision
         self._purge_unsupported = False  # the endpoint answered 404: a Hub without it (the local test one)
 
     def apply(self, hub_files: set[str]) -> list[int]:
@@ -31,9 +31,10 @@ class Retention:
         doomed = [s for s in present if s not in kept and s < complete[-1]]
         if not doomed:
             return []
-        ops = [CommitOperationDelete(f"checkpoint-{s}/", is_folder=True) for s in doomed]
+        where = step_prefixes(hub_files)
+        ops = [CommitOperationDelete(f"{prefix}/", is_folder=True) for s in doomed for prefix in sorted(where[s])]
         names = ", ".join(f"checkpoint-{s}" for s in doomed)
-        self.api.create_commit(self.repo, ops, commit_message=f"retention: delete {names}")
+        self.api.create_commit(self.repo, ops, commit_message=f"retention: delete {names}", revision=self.revision)
         self._log(f"deleted {names} from the Hub (it keeps {', '.join(f'checkpoint-{s}' for s in kept)})")
         self.free_storage()
         return doomed
@@ -43,7 +44,10 @@ class Retention:
         if self._purge_unsupported:
             return
         try:
-            head = {item.lfs.sha256 for item in self.api.list_repo_tree(self.repo, recursive=True)
+            # An object any branch still holds stays: runs on other branches (SFT_HUB_REVISION) share the repo.
+            branches = [b.name for b in self.api.list_repo_refs(self.repo).branches]
+            head = {item.lfs.sha256 for branch in branches
+                    for item in self.api.list_repo_tree(self.repo, recursive=True, revision=branch)
                     if getattr(item, "lfs", None) is not None}
             orphans = [f for f in self.api.list_lfs_files(self.repo)
                        if STEP_DIR.match(f.filename or "") and f.file_oid not in head]

@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import checkpoints
+from ..console import say
+from ..events import UPLOAD_FILE, EventLog, HubBehind, UploadFinished, UploadStarted
 from .card import upload_reports
 from .errors import TokenFound, http_status, redact, retry_after, short_error, transient
-from .manifest import FINAL, MANIFEST, FolderSender, Vanished, hub_checkpoints
+from .layout import ROOT, checkpoint_prefix, final_done, hub_checkpoints
+from .manifest import FolderSender, Vanished
 from .preflight import HubTarget
+from .progress import UploadWatch
 from .retention import Retention
 
 URGENT_RETRY_S = 5.0  # during flush(), a failed upload is retried this soon (a SIGTERM grace is minutes)
@@ -64,23 +68,28 @@ class HubState:
 
     def listed(self, files: set[str]) -> None:
         self.steps = hub_checkpoints(files)[0]
-        self.final = f"{FINAL}/{MANIFEST}" in files
+        self.final = final_done(files)
 
 
 class Uploader:
     """Every `interval_s`, the newest complete checkpoint not yet on the Hub goes up, from one background thread."""
 
     def __init__(self, target: HubTarget, output_dir: Path, interval_s: float, keep: int,
-                 retry_s: float | None = None, log: Callable[[str], None] | None = None):
+                 retry_s: float | None = None, log: Callable[[str], None] | None = None,
+                 events: EventLog | None = None, progress_every_s: float = 30.0):
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()  # tqdm bars from a background thread garble the ranks' log lines
         self.target, self.out = target, Path(output_dir)
-        self._print = log or (lambda line: print(line, flush=True))
+        self._print = log or say
+        self.events = events or EventLog(None)
         interval_s = float(interval_s)
         self._backoff = Backoff(interval_s, retry_s if retry_s is not None else min(30.0, interval_s / 2))
-        self._sender = FolderSender(target.api, target.repo_id, self.out / "run" / "upload-staging", self._log)
-        self._retention = Retention(target.api, target.repo_id, keep, self._log)
+        # progress in run/upload.json each second (for `status`), in the log every progress_every_s
+        self.watch = UploadWatch(self.out / "run" / UPLOAD_FILE, self._log, progress_every_s)
+        self._sender = FolderSender(target.api, target.repo_id, self.out / "run" / "upload-staging", self._log,
+                                    target.revision, self.watch)
+        self._retention = Retention(target.api, target.repo_id, keep, self._log, target.revision)
         self._hub = HubState()
         self._upload_lock = threading.Lock()  # held by every upload: never two at once
         self._cond = threading.Condition()  # guards _hub, _backoff and _stopping; notified after every round
@@ -126,8 +135,16 @@ class Uploader:
             if self._round():
                 with self._cond:
                     self._backoff.succeeded()
+            self._report_behind()
             with self._cond:
                 self._cond.notify_all()
+
+    def _report_behind(self) -> None:
+        with self._cond:
+            newest = max(self._hub.steps, default=None)
+        pending, minutes = self._pending(newest)
+        self.events.emit(HubBehind(checkpoints=len(pending), minutes=round(minutes, 1),
+                                   newest_on_hub=f"checkpoint-{newest}" if newest is not None else None))
 
     def _round(self) -> bool:
         """List the Hub, upload the newest complete checkpoint it lacks, apply retention; False: retry soon."""
@@ -149,7 +166,7 @@ class Uploader:
         hub_files = self._hub_files()
         candidate = self._candidate()
         if candidate is not None:
-            self._send(candidate, candidate.name, checkpoints.problem, hub_files)
+            self._send(candidate, checkpoint_prefix(candidate.name), checkpoints.problem, hub_files)
             hub_files = self._hub_files()
         deleted = self._retention.apply(hub_files)
         with self._cond:
@@ -157,19 +174,31 @@ class Uploader:
 
     def _send(self, src: Path, prefix: str, complete: Callable[[Path], str | None], hub_files: set[str]) -> None:
         """`src` to `prefix/` on the Hub, its record kept; a checkpoint holding the token is never tried again."""
+        began = time.monotonic()
         try:
             prepared = self._sender.prepare(src, prefix, complete)
         except TokenFound:
-            if prefix.startswith("checkpoint-"):
+            if prefix:
                 with self._cond:
                     self._hub.refused.add(checkpoints.step_of(Path(prefix)))
             raise
-        record = self._sender.send(prepared, hub_files)
+        size = prepared.manifest["total_bytes"]
+        self.events.emit(UploadStarted(folder=prepared.name, bytes=size))
+        try:
+            record = self._sender.send(prepared, hub_files)
+        except Exception as e:
+            self.events.emit(UploadFinished(folder=prepared.name, bytes=size, mb_per_s=None, ok=False,
+                                            seconds=round(time.monotonic() - began, 2),
+                                            error=redact(short_error(e), self.target.api.token)))
+            raise
+        record["total_seconds"] = round(time.monotonic() - began, 2)  # with the snapshot and hashing
+        self.events.emit(UploadFinished(folder=record["folder"], bytes=record["bytes"], seconds=record["total_seconds"],
+                                        mb_per_s=record["mb_per_s"]))
         with self._cond:
             self._hub.records.append(record)
 
     def _hub_files(self) -> set[str]:
-        files = set(self.target.api.list_repo_files(self.target.repo_id))
+        files = set(self.target.api.list_repo_files(self.target.repo_id, revision=self.target.revision))
         with self._cond:
             self._hub.listed(files)
         return files
@@ -202,17 +231,28 @@ class Uploader:
 
     # -- asked by the controller -----------------------------------------------------------------
 
+    def _pending(self, newest: int | None) -> tuple[list[Path], float]:
+        """Complete checkpoints on disk newer than the Hub's newest, and minutes since the oldest of them."""
+        pending = [c for c in self._local_complete() if newest is None or checkpoints.step_of(c) > newest]
+        try:
+            minutes = (time.time() - (pending[0] / "trainer_state.json").stat().st_mtime) / 60 if pending else 0.0
+        except OSError:
+            minutes = 0.0
+        return pending, minutes
+
+    def last_upload_seconds(self) -> float | None:
+        """What the newest checkpoint's upload took here, snapshot and hashing included (None: none yet)."""
+        with self._cond:
+            done = [r for r in self._hub.records if r.get("path")]
+        return done[-1].get("total_seconds", done[-1]["seconds"]) if done else None
+
     def behind(self) -> str:
         """How far the Hub trails the disk, e.g. 'Hub is 2 checkpoints / 41 min behind'."""
         with self._cond:
             newest = max(self._hub.steps, default=None)
-        pending = [c for c in self._local_complete() if newest is None or checkpoints.step_of(c) > newest]
+        pending, minutes = self._pending(newest)
         if not pending:
             return "The Hub has the newest complete checkpoint."
-        try:
-            minutes = (time.time() - (pending[0] / "trainer_state.json").stat().st_mtime) / 60
-        except OSError:
-            minutes = 0.0
         on_hub = f"checkpoint-{newest}" if newest is not None else "none yet"
         return f"Hub is {len(pending)} checkpoint(s) / {minutes:.0f} min behind (newest there: {on_hub})."
 
@@ -260,7 +300,7 @@ class Uploader:
         try:
             missing = self._until(deadline, "final/", lambda: self._upload_final(Path(final_dir)))
             missing += self._until(deadline, "run reports and model card", lambda: upload_reports(
-                self.target.api, self.target.repo_id, Path(run_dir), summary))
+                self.target.api, self.target.repo_id, Path(run_dir), summary, self.target.revision))
         finally:
             self._upload_lock.release()
         self._log("not on the Hub: " + "; ".join(missing) if missing else
@@ -291,6 +331,6 @@ class Uploader:
 
         if whole(final_dir) is not None:
             raise FileNotFoundError(f"{final_dir} holds no saved model (config.json)")
-        self._send(final_dir, FINAL, whole, self._hub_files())
+        self._send(final_dir, ROOT, whole, self._hub_files())
         with self._cond:
             self._hub.final = True

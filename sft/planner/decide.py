@@ -4,6 +4,7 @@
                               batch split and which splits to time, pin_memory, launcher; a reason each
     adopt(inputs, d, split)   after the batch search: the split it measured fastest
     escalate(inputs, d)       after the probe ran out of memory: checkpointing on, then the next stage
+    cap_steps(d, n, why)      after the budget gate (planner/budget.py): train only the n steps that fit
 
 Nothing here reads a file, the clock or the machine: the controller measures (controller/machine.py),
 decides here, then carries the Decision out; tests/test_decide.py is a table of cases.
@@ -46,6 +47,7 @@ class Decision:
     plan: Plan  # the shipped options at this split: what auto chooses among
     row: Row  # this stage's prediction under ds_config
     reasons: Mapping[str, str] = field(default_factory=dict)
+    max_steps: int | None = None  # the budget's cap on optimizer steps; None: SFT_MAX_STEPS and SFT_EPOCHS
 
     @property
     def offload(self) -> bool:
@@ -53,7 +55,8 @@ class Decision:
 
     def record(self) -> CheckpointRecord:
         """What every checkpoint of this decision says about how it was made."""
-        return CheckpointRecord(self.stage.name, self.ranks.world, self.split if self.searched else None)
+        return CheckpointRecord(self.stage.name, self.ranks.world, self.split if self.searched else None,
+                                self.max_steps)
 
     def resolved(self) -> dict[str, Any]:
         """The choices as plain values, for the summary and `config`."""
@@ -95,6 +98,8 @@ def decide(inputs: Inputs) -> Decision:
         why = f"{d.split.checkpointing_text} (SFT_GRADIENT_CHECKPOINTING)"
         d = _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
     d = _with_search(inputs, d)
+    if record is not None and record.max_steps is not None:
+        d = cap_steps(d, record.max_steps, "as the budget capped them for the checkpoint resumed")
     return _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
 
 
@@ -237,6 +242,11 @@ def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, st
     stage = stages.get(nxt)
     d = _with_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
     return d, f"moving to ZeRO {nxt}"
+
+
+def cap_steps(d: Decision, steps: int, why: str) -> Decision:
+    """Train `steps` optimizer steps in all (recorded in checkpoints, so a resume stops at the same step)."""
+    return _replace(d, max_steps=steps, reasons={**d.reasons, "max_steps": f"{steps} steps, {why}"})
 
 
 def _replace(d: Decision, **changes: Any) -> Decision:

@@ -1,7 +1,9 @@
 """The one seam where tests inject faults into a rank: a machine with no GPU cannot run out of GPU memory,
 so the controller's answers to it (escalation, the batch search passing a split over) are tested end to
-end by raising the real error here; and a disk that another writer fills just before a save, so the save
-meets a real full disk. Read from SFTTEST_* variables, which no user sets."""
+end by raising the real error here; a disk that another writer fills just before a save, so the save
+meets a real full disk; and a CPU step lasts milliseconds, so the time limit's and the budget's answers
+to a run of hours are tested on steps slowed down here. Read from SFTTEST_* variables, which no user
+sets."""
 
 from __future__ import annotations
 
@@ -37,3 +39,20 @@ def fill_disk(step: int) -> None:
     st = os.statvfs(Path(path).parent)
     with open(path, "wb") as filler:
         os.posix_fallocate(filler.fileno(), 0, max(st.f_bavail * st.f_frsize - int(left), 1))
+
+
+def callbacks() -> list:
+    """Trainer callbacks for the faults asked for: SFTTEST_STEP_SECONDS makes every optimizer step last that much
+    longer (a slower machine), in the probe and in training alike."""
+    seconds = float(os.environ.get("SFTTEST_STEP_SECONDS") or 0)
+    if seconds <= 0:
+        return []
+    import time
+
+    from transformers import TrainerCallback
+
+    class SlowSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            time.sleep(seconds)
+
+    return [SlowSteps()]

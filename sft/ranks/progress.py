@@ -1,9 +1,12 @@
-"""In every rank: a stop asked for (SIGTERM or the controller's stop file), and each step's time and tokens."""
+"""In every rank: a stop asked for (SIGTERM or the controller's stop file), and each step's time and tokens;
+in rank 0 of a training run also what `status` and the time limit read: run/progress.json, and the events
+of each checkpoint saved (with how long the save took) and each evaluation."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -12,8 +15,12 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from ..handoff import CheckpointRecord, RankReport
+from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, Evaluated, EventLog, Progress
+from ..handoff import CheckpointRecord, RankReport, write_json
 from . import faults
+
+PROGRESS_EVERY_S = 2.0  # run/progress.json is rewritten at most this often (and after each save)
+RATE_WINDOW = 20  # steps over which seconds per step are taken
 
 
 class StopRequest:
@@ -44,8 +51,14 @@ class ProgressCallback(TrainerCallback):
     """Records time and tokens at every optimizer step; turns a stop request into save-and-stop; writes the
     CheckpointRecord into each checkpoint before the Trainer saves it."""
 
-    def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord):
+    def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord, run_dir: Path | None = None):
         self.stop, self.report, self.record, self.trainer = stop, report, record, None
+        # rank 0 of a training run only (None elsewhere): the run's events and progress
+        self.run_dir = run_dir
+        self.events = EventLog(run_dir / EVENTS_FILE if run_dir else None)
+        self.progress = Progress()
+        self._written = 0.0
+        self._save_began: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.report.train_began = time.perf_counter()
@@ -58,6 +71,8 @@ class ProgressCallback(TrainerCallback):
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
+        if control.should_save:
+            self._save_began = time.monotonic()
         if control.should_save and state.is_world_process_zero:
             faults.fill_disk(state.global_step)
             # Before the Trainer writes the checkpoint (trainer_state.json last), so a complete checkpoint
@@ -65,11 +80,14 @@ class ProgressCallback(TrainerCallback):
             # tokens so far (TRL counts from zero in each process: a resume counts on from these).
             record = dataclasses.replace(self.record, tokens=int(tokens))
             record.save(Path(args.output_dir) / f"checkpoint-{state.global_step}" / CheckpointRecord.FILE)
+        self._write_progress(state, force=False)
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        """After each checkpoint: when the disk cannot hold the rest of the run, every rank stops here, at a
-        complete checkpoint, instead of failing at a later save (the controller then exits 3)."""
+        """After each checkpoint: its save time and event (rank 0 of a training run); and when the disk cannot
+        hold the rest of the run, every rank stops here, at a complete checkpoint, instead of failing at a
+        later save (the controller then exits 3)."""
+        self._saved(args, state)
         if state.is_world_process_zero:
             check = room_after(args, state, kwargs["model"])
             print(f"[rank 0] disk after checkpoint-{state.global_step}: {check.message}", flush=True)
@@ -79,6 +97,37 @@ class ProgressCallback(TrainerCallback):
         if self.stop.agreed():  # every rank takes part: one rank's verdict stops them all
             control.should_training_stop = True
         return control
+
+    def _saved(self, args, state) -> None:
+        if self._save_began is None or self.run_dir is None or not state.is_world_process_zero:
+            return
+        seconds = round(time.monotonic() - self._save_began, 2)
+        self._save_began = None
+        self.progress.last_save_step, self.progress.last_save_seconds = state.global_step, seconds
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.events.emit(CheckpointSaved(step=state.global_step, seconds=seconds, path=str(path)))
+        self._write_progress(state, force=True)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if self.run_dir is not None and state.is_world_process_zero and metrics:
+            numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+            self.events.emit(Evaluated(step=state.global_step, metrics=numbers))
+
+    def _write_progress(self, state, force: bool) -> None:
+        """run/progress.json: the step, and seconds per step over the last steps without a save in them."""
+        if self.run_dir is None or not state.is_world_process_zero:
+            return
+        now = time.time()
+        if not force and now - self._written < PROGRESS_EVERY_S:
+            return
+        p = self.progress
+        p.step, p.max_steps, p.epoch, p.updated = state.global_step, state.max_steps, state.epoch or 0.0, now
+        recent = self.report.steps[-RATE_WINDOW:]
+        if len(recent) >= 2:  # the median: a save or an evaluation lands in one step's interval
+            p.seconds_per_step = round(statistics.median(
+                (b[1] - a[1]) / max(b[0] - a[0], 1) for a, b in zip(recent, recent[1:])), 4)
+        write_json(self.run_dir / PROGRESS_FILE, p.to_dict())
+        self._written = now
 
 
 def room_after(args, state, model):

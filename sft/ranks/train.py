@@ -73,14 +73,21 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     from trl import SFTTrainer
 
     from ..data import load_conversations
+    from .. import tracking
     from .trainer import trainer_arguments
 
+    if spec.mode == "train":  # each tracker's files under OUTPUT/run/, unless the user pointed it elsewhere
+        for variable, value in tracking.environment(spec.report_to, Path(spec.run_dir)).items():
+            os.environ.setdefault(variable, value)
     config = trainer_arguments(spec, on_gpu)
     dataset = load_conversations(spec.dataset, spec.dataset_split)
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
-    callbacks = [ProgressCallback(stop, report, spec.record), profiling.callback(spec.report_dir)]
+    rank0_of_training = spec.mode == "train" and int(os.environ.get("RANK", "0")) == 0 and spec.run_dir
+    callback = ProgressCallback(stop, report, spec.record, Path(spec.run_dir) if rank0_of_training else None)
+    # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
+    callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir)]
     trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:

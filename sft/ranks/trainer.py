@@ -10,6 +10,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+from .. import tracking
 from ..handoff import RunSpec
 
 # SFTConfig arguments the job sets itself (job_arguments), and the setting a user changes instead:
@@ -24,7 +25,7 @@ OWNED_ARGS = {
     "activation_offloading": "SFT_GRADIENT_CHECKPOINTING (offload)",
     "logging_first_step": "the job (the probe times every step from the first)",
     "save_strategy": "SFT_SAVE_STEPS", "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT",
-    "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "the job (it reports to no tracker yet)",
+    "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "SFT_REPORT_TO", "run_name": "SFT_RUN_NAME",
     "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "use_liger_kernel": "SFT_LIGER_KERNELS",
     "torch_compile": "SFT_COMPILE",
     "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
@@ -65,7 +66,8 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         save_total_limit=spec.save_total_limit,
         seed=spec.seed,
         data_seed=spec.seed,
-        report_to="none",
+        report_to="none" if probe else tracking.names(spec.report_to) or "none",  # a probe's steps are no run
+        run_name=spec.run_name,
         # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
         ddp_timeout=spec.node_timeout_seconds,
         use_liger_kernel=spec.liger_kernels,  # TRL applies the layer kernels only (its fused LM head stays)

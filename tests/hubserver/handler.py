@@ -11,7 +11,9 @@ log entry. The endpoints themselves live in the modules named after their group.
   POST   /api/{type}/{ns}/{name}/commit/{rev}            NDJSON: header, file, lfsFile, deletedFile, deletedFolder
   GET    /api/{type}/{ns}/{name}/tree/{rev}[/{path}]     ?recursive=&expand=, paginated with a Link header
   POST   /api/{type}/{ns}/{name}/paths-info/{rev}        form: paths=...&expand=
-  GET    /api/{type}/{ns}/{name}/refs                    branches only ("main")
+  GET    /api/{type}/{ns}/{name}/refs                    branches
+  POST   /api/{type}/{ns}/{name}/branch/{branch}         {"startingPoint"?}: a branch from main (or that rev); 409
+  DELETE /api/{type}/{ns}/{name}/branch/{branch}
   GET    /api/{type}/{ns}/{name}/commits/{rev}           list_repo_commits
   GET    /api/{type}/{ns}/{name}/xet-{read,write}-token/ always 501: this server has no Xet storage
   GET    /api/agent-harnesses                            empty registry (see the package docstring)
@@ -57,6 +59,8 @@ ROUTES = [
     ("GET", REPO + r"/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?", "tree"),
     ("POST", REPO + r"/paths-info/(?P<rev>[^/]+)", "paths_info"),
     ("GET", REPO + r"/refs", "refs"),
+    ("POST", REPO + r"/branch/(?P<branch>[^/]+)", "create_branch"),
+    ("DELETE", REPO + r"/branch/(?P<branch>[^/]+)", "delete_branch"),
     ("GET", REPO + r"/commits/(?P<rev>[^/]+)", "commits"),
     ("GET", REPO + r"/xet-(?:read|write)-token/.*", "xet_token"),
     ("POST", GIT_REPO + r"\.git/info/lfs/objects/batch", "lfs_batch"),

@@ -1,4 +1,4 @@
-"""Repos: create, delete, info, settings, branches and commit history; and the Xet token routes,
+"""Repos: create, delete, info, settings, branches (list, create, delete) and commit history; and the Xet token routes,
 which always answer 501 because this server has no Xet storage."""
 
 from __future__ import annotations
@@ -85,6 +85,17 @@ class RepoAPI:
         _, meta = self._readable(m["rtype"], m["repo_id"])
         branches = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": sha} for b, sha in meta["refs"].items()]
         self._json({"branches": branches, "converts": [], "tags": [], "pullRequests": []})
+
+    def h_create_branch(self, m) -> None:
+        body = self._json_body()
+        self._writable(m["rtype"], m["repo_id"])
+        self.hub.store.create_branch(m["rtype"], m["repo_id"], unquote(m["branch"]), body.get("startingPoint"))
+        self._json({})
+
+    def h_delete_branch(self, m) -> None:
+        self._writable(m["rtype"], m["repo_id"])
+        self.hub.store.delete_branch(m["rtype"], m["repo_id"], unquote(m["branch"]))
+        self._json({})
 
     def h_commits(self, m) -> None:
         rtype, repo_id = m["rtype"], m["repo_id"]

@@ -119,6 +119,23 @@ class RepoStore:
             self._write_json(self._repo_dir(rtype, repo_id) / "meta.json", meta)
             return meta
 
+    def create_branch(self, rtype: str, repo_id: str, branch: str, starting_point: str | None = None) -> None:
+        """A branch at `starting_point` (a branch or commit; default: main's head); 409 if it exists."""
+        with self.lock:
+            meta = self.meta(rtype, repo_id)
+            if branch in meta["refs"]:
+                raise HubError(409, f"Reference refs/heads/{branch} already exists")
+            meta["refs"][branch] = self.resolve(rtype, repo_id, starting_point or "main")
+            self._write_json(self._repo_dir(rtype, repo_id) / "meta.json", meta)
+
+    def delete_branch(self, rtype: str, repo_id: str, branch: str) -> None:
+        with self.lock:
+            meta = self.meta(rtype, repo_id)
+            if branch not in meta["refs"] or branch == "main":
+                raise HubError(404 if branch not in meta["refs"] else 403, f"Cannot delete branch {branch}")
+            del meta["refs"][branch]
+            self._write_json(self._repo_dir(rtype, repo_id) / "meta.json", meta)
+
     # -- commits -----------------------------------------------------------------------------
 
     def resolve(self, rtype: str, repo_id: str, rev: str) -> str:

@@ -1,0 +1,48 @@
+"""The budget gate, carried out after the probe: the planner's call (planner/budget.py) on the probe's projection,
+logged with the projection, the cap and the settings that would fit; the run then refused, capped or let be."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..console import say
+from ..planner.budget import Budget, BudgetCall, Overheads, gate
+from ..planner.deadline import ASSUMED_SAVE_BYTES_PER_S, ASSUMED_UPLOAD_BYTES_PER_S
+from ..settings import Settings
+from . import figures
+from .preflight import CHECKPOINT_BYTES_PER_PARAM, FINAL_MODEL_BYTES_PER_PARAM
+
+
+def sizes(total_params: int) -> tuple[int, int]:
+    """Bytes of one checkpoint and of the final model, as preflight sizes the disk for them."""
+    return CHECKPOINT_BYTES_PER_PARAM * total_params, FINAL_MODEL_BYTES_PER_PARAM * total_params
+
+
+def overheads(total_params: int, uploads: bool) -> Overheads:
+    """What the run spends besides its steps, estimated from the model's size (the probe saves nothing)."""
+    checkpoint, final = sizes(total_params)
+    final_s = final / ASSUMED_SAVE_BYTES_PER_S + (final / ASSUMED_UPLOAD_BYTES_PER_S if uploads else 0.0)
+    return Overheads(save_seconds=checkpoint / ASSUMED_SAVE_BYTES_PER_S, final_seconds=final_s)
+
+
+def check(s: Settings, fig: dict[str, Any], extra: Overheads, ranks: int) -> BudgetCall:
+    """The gate's call on the probe's figures (no projection, e.g. too few steps timed: refused when capped)."""
+    budget = Budget(s.max_hours, s.max_cost, s.budget_action)
+    p = figures.projection(fig, s, extra)
+    if p is None:
+        if budget.capped:
+            return BudgetCall("refuse", "the probe timed too few steps to project the run against "
+                                        f"{budget.text()}: raise SFT_PROBE_STEPS")
+        return BudgetCall("none", "no SFT_MAX_HOURS or SFT_MAX_COST")
+    return gate(p, budget, ranks)
+
+
+def report(call: BudgetCall, refusing: bool = True) -> None:
+    """The call in the log: refused with what would fit, truncated with the steps, or within the cap
+    (`refusing` False: the probe command, which only tells what a run would do)."""
+    if call.verdict == "none":
+        return
+    head = "error: budget: " if call.verdict == "refuse" and refusing else "budget: "
+    say(head + call.reason)
+    if call.fits and call.verdict != "within":
+        say("budget: settings that would fit:\n" + "\n".join(f"  - {f}" for f in call.fits))
