@@ -92,7 +92,7 @@ def test_file_differing_from_manifest_skipped_for_the_previous(target, on_hub, t
 
 def test_small_git_file_differing_from_manifest_is_caught_after_the_download(target, on_hub, tmp_path):
     """The Hub records no sha256 for a small file it keeps in git: the manifest catches it after the download."""
-    target.api.create_commit(REPO, [CommitOperationAdd("checkpoint-6/latest", b"global_step3")],  # same size
+    target.api.create_commit(REPO, [CommitOperationAdd("checkpoints/checkpoint-6/latest", b"global_step3")],  # same size
                              commit_message="checkpoint-6: latest changed")
     lines = []
     got = hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lines.append)

@@ -55,8 +55,8 @@ class Decision:
 
     def record(self) -> CheckpointRecord:
         """What every checkpoint of this decision says about how it was made."""
-        return CheckpointRecord(self.stage.name, self.ranks.world, self.split if self.searched else None,
-                                self.max_steps)
+        return CheckpointRecord(self.stage.name, self.ranks.world, batch=self.split if self.searched else None,
+                                max_steps=self.max_steps)
 
     def resolved(self) -> dict[str, Any]:
         """The choices as plain values, for the summary and `config`."""
