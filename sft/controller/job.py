@@ -20,7 +20,7 @@ from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
 from ..settings import Settings
 from ..units import gib
-from . import coordinate, figures, inputs, machine, outlock, preflight, probe, uploads
+from . import coordinate, figures, inputs, machine, outlock, preflight, probe, reshard, uploads
 from .launch import Stopper
 from .output import Paths, losses, plot_loss
 from .runs import Runner
@@ -128,6 +128,15 @@ class Job:
         elif probe_only:
             print("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)", flush=True)
             return exitcodes.DONE
+        if d.reshard is not None:  # written by another number of ranks: converted first
+            try:
+                converted = reshard.convert(resume, d.reshard, self.paths)
+            except reshard.Failed as e:
+                print(f"error: {e}", flush=True)
+                stopped = self.stopper.requested  # the converter got the signal too
+                return self._close(exitcodes.STOPPED if stopped else e.exit_code, "reshard failed", d)
+            self.summary.reshard, resume = converted.summary, converted.path
+            self._phase("reshard")
         return self._train(d, resume)
 
     def _unwritable(self, e: OSError) -> int:
@@ -171,6 +180,8 @@ class Job:
         code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, self.s.max_steps, resume))
         self.summary.train = train = train_results(reports, time.time() - started)
         self._phase("train")
+        if d.reshard is not None:
+            reshard.tidy(self.paths)
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
             print(figures.against_run_line(check), flush=True)
