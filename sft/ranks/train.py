@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import faults, profiling
+from . import faults, profiling, universal
 from .progress import ProgressCallback, StopRequest
 
 
@@ -80,7 +80,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
-    callbacks = [ProgressCallback(stop, report, spec.record), profiling.callback(spec.report_dir)]
+    callbacks = [ProgressCallback(stop, report, spec.record), profiling.callback(spec.report_dir),
+                 universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
     trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:
