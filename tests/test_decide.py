@@ -119,6 +119,16 @@ def test_a_resume_on_as_many_ranks_converts_nothing():
     assert d.reshard is None and "reshard" not in d.reasons and "checkpoint" not in d.ds_config
 
 
+def test_fewer_ranks_that_the_plan_says_cannot_hold_the_checkpoints_stage_are_warned_of():
+    # Qwen3-8B at ZeRO-2 written by 8 H200s: one holds all of its optimizer state (a resume runs no probe)
+    d = decided(shape=Q8, record=CheckpointRecord("2", 8))
+    assert d.reshard.to_world == 1 and not d.row.fits
+    why = d.reasons["reshard"]
+    assert f"; warning: the plan predicts ZeRO-2 is {d.row.why} on these ranks" in why
+    assert why.endswith("so training may run out of memory (exit 6): start on more GPUs")
+    assert "warning" not in decided(shape=Q4, record=CheckpointRecord("2", 2)).reasons["reshard"]
+
+
 def test_a_global_batch_that_the_new_ranks_cannot_share_evenly_is_refused():
     three = Machine(gpus=(H200,) * 3, host_memory_bytes=400 * GIB)
     with pytest.raises(CannotRun) as e:

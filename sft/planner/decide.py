@@ -101,7 +101,8 @@ def decide(inputs: Inputs) -> Decision:
         d = _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
     d = _with_search(inputs, d)
     if moved is not None:  # this start loads the converted checkpoint; its own checkpoints are ordinary ones
-        d = _replace(d, reshard=moved, ds_config=reshard.universal_load(d.ds_config))
+        d = _replace(d, reshard=moved, ds_config=reshard.universal_load(d.ds_config),
+                     reasons={**d.reasons, "reshard": reshard.with_fit(d.reasons["reshard"], d.row, d.stage)})
     return _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
 
 

@@ -19,11 +19,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import exitcodes
 from ..handoff import CheckpointRecord, Record, Split
+from ..stages import Stage
 from .inputs import CannotRun
+
+if TYPE_CHECKING:
+    from .plan import Row
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def plan(record: CheckpointRecord, world: int, split: Split) -> tuple[Reshard, s
     share its global batch evenly: another global batch would be another training, and the Trainer's skip
     of the rows already trained (counted in this start's micro-batches) would land elsewhere in the data."""
     rows = record.world_size * split.rows
-    before = f"{record.world_size} ranks x {split.micro_batch} x {split.grad_accum}"
+    before = f"{ranks(record.world_size)} x {split.micro_batch} x {split.grad_accum}"
     if rows % world:
         fits = ", ".join(str(n) for n in range(1, rows + 1) if rows % n == 0)
         raise CannotRun(
@@ -70,6 +74,15 @@ def plan(record: CheckpointRecord, world: int, split: Split) -> tuple[Reshard, s
                     f"{after.grad_accum} keep its {rows} rows per step, so the learning-rate schedule and the "
                     "data order go on where they were; its ZeRO shards are converted to DeepSpeed's universal "
                     "checkpoint, which loads on any number of ranks")
+
+
+def with_fit(why: str, row: Row, stage: Stage) -> str:
+    """The reason, warned where the plan predicts the checkpoint's stage does not fit the new ranks (fewer ranks
+    hold more of it each). A resume runs no probe, so training would be the first to run out of memory."""
+    if row.fits:
+        return why
+    return (f"{why}; warning: the plan predicts {stage.label} is {row.why} on these ranks, so training may run out "
+            "of memory (exit 6): start on more GPUs")
 
 
 def ranks(n: int) -> str:
