@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoints, exitcodes
-from ..planner.reshard import Reshard
+from ..planner.reshard import Reshard, ranks
 from .machine import folder_bytes, free_disk
 from .output import Paths
 
@@ -54,14 +54,13 @@ def convert(source: Path, change: Reshard, paths: Paths) -> Converted:
     """The checkpoint `source` as a universal checkpoint in OUTPUT/resharded/ (raises Failed)."""
     target = paths.out / FOLDER / source.name
     began = time.monotonic()
-    reused = target.is_dir()
-    if reused:
-        print(f"reshard: {target} was converted by an earlier start; resuming from it", flush=True)
-    else:
+    reused = target.is_dir()  # a universal checkpoint loads on any number of ranks
+    if not reused:
         _build(source, target, paths.run / "reshard.log")
     seconds = round(time.monotonic() - began, 1)
-    print(f"reshard: {source.name} of {change.from_world} ranks converted for {change.to_world} in {seconds:g} s: "
-          f"{target}", flush=True)
+    done = "converted by an earlier start" if reused else f"converted in {seconds:g} s"
+    print(f"reshard: {source.name} of {ranks(change.from_world)}, for {ranks(change.to_world)}, {done}: {target}",
+          flush=True)
     return Converted(target, {**change.to_dict(), "source": str(source), "converted": str(target),
                               "seconds": seconds, "reused": reused})
 
@@ -72,12 +71,16 @@ def _build(source: Path, target: Path, log: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)  # a conversion killed before it finished
     _check_room(source / tag, target.parent)
     work.mkdir(parents=True)
-    for f in source.iterdir():
-        if f.is_file() and f.name not in NOT_COPIED:
-            shutil.copy2(f, work / f.name)
-    _rank_files(work)
-    # the converter names the universal folder in latest_universal beside it: the file the engine reads
-    _run_converter(source / tag, work / f"{tag}_universal", log)
+    try:
+        for f in source.iterdir():
+            if f.is_file() and f.name not in NOT_COPIED:
+                shutil.copy2(f, work / f.name)
+        _rank_files(work)
+        # the converter names the universal folder in latest_universal beside it: the file the engine reads
+        _run_converter(source / tag, work / f"{tag}_universal", log)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)  # half a conversion takes room and is never used
+        raise
     work.rename(target)
 
 

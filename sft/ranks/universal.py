@@ -5,8 +5,9 @@ DeepSpeed's ZeRO-3 universal load (stage3.load_hp_checkpoint_state_from_checkpoi
 every sub-group's optimizer state the same `step` tensor object. torch's AdamW (and DeepSpeed's CPU Adam)
 add 1 to their step tensor in place, once per sub-group, so with two sub-groups the count ran twice as
 fast after the resume (measured: 18 at step 12 for a resume at step 6) and Adam's bias correction drifted
-(losses 1e-3 off within 3 steps on the demo model). A model above ZeRO-3's sub_group_size (1e9
-parameters by default) always has several. Each state gets a step tensor of its own here.
+(losses 1e-3 off within 3 steps on the demo model). The Trainer's two parameter groups (with and without
+weight decay) always make two sub-groups at least, a model above ZeRO-3's sub_group_size (1e9 parameters)
+more. Each state gets a step tensor of its own here.
 """
 
 from __future__ import annotations
