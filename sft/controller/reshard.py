@@ -140,8 +140,13 @@ def tidy(paths: Paths) -> None:
         return
     for converted in folder.iterdir():
         match = checkpoints.CHECKPOINT.match(converted.name)
-        if converted.name.endswith(".partial") or (match and int(match.group(1)) < checkpoints.step_of(newest)):
-            shutil.rmtree(converted, ignore_errors=True)  # a partial one: left by a start killed while converting
-            print(f"reshard: removed {converted}: the run has a newer checkpoint ({newest.name})", flush=True)
+        if converted.name.endswith(".partial"):
+            why = "a conversion that a start killed mid-way left"
+        elif match and int(match.group(1)) < checkpoints.step_of(newest):
+            why = f"the run has a newer checkpoint ({newest.name})"
+        else:
+            continue
+        shutil.rmtree(converted, ignore_errors=True)
+        print(f"reshard: removed {converted}: {why}", flush=True)
     if not any(folder.iterdir()):
         folder.rmdir()
