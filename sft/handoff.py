@@ -194,6 +194,7 @@ class Summary(Record):
     plan: dict[str, Any] | None = None
     preflight: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: str | None = None
+    reshard: dict[str, Any] | None = None  # the checkpoint converted for another number of ranks (from, to, splits)
     batch_search: dict[str, Any] | None = None
     escalations: list[dict[str, str]] = field(default_factory=list)
     probe: dict[str, Any] | None = None

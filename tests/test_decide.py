@@ -82,11 +82,61 @@ def test_a_resume_keeps_the_checkpoints_stage_and_split():
     assert split_of(plain) == (4, 1, False) and not plain.searched  # auto checkpointing decides again
 
 
-def test_a_resume_on_another_number_of_ranks_cannot_run():
+FOUR_H200 = Machine(gpus=(H200,) * 4, host_memory_bytes=400 * GIB)
+RESHARD = [
+    # machine, settings, the checkpoint's record -> each rank's split after (micro-batch, accumulation)
+    (CPU_HOST, dict(cpu_ranks=1), CheckpointRecord("2", 2), (4, 2)),  # 2 ranks x 4 x 1 -> 1 x 4 x 2
+    (CPU_HOST, dict(cpu_ranks=2, micro_batch=1, grad_accum=4), CheckpointRecord("3", 1), (1, 2)),  # 1 x 1 x 4
+    (ONE_H200, {}, CheckpointRecord("3", 2, Split(2, 2, True)), (2, 4)),  # a batch search's split, its checkpointing
+    (FOUR_H200, {}, CheckpointRecord("2", 2), (2, 1)),  # 8 rows over 4: the micro-batch shrinks to 2
+]
+
+
+@pytest.mark.parametrize("machine,settings,record,after", RESHARD)
+def test_a_resume_on_another_number_of_ranks_converts_and_keeps_the_global_batch(machine, settings, record, after):
+    d = decided(shape=TINY if machine is CPU_HOST else Q4, machine=machine, record=record, **settings)
+    change = d.reshard
+    assert (change.from_world, change.to_world) == (record.world_size, d.ranks.world) != (1, 1)
+    assert split_of(d)[:2] == (change.after.micro_batch, change.after.grad_accum) == after
+    assert d.ranks.world * d.split.rows == record.world_size * change.before.rows == change.rows
+    assert d.ds_config["checkpoint"] == {"load_universal": True}  # this start loads the converted checkpoint
+    assert d.stage.name == record.stage and d.reasons["stage"].endswith("(the checkpoint resumed)")
+    assert d.reasons["reshard"].startswith(f"convert from {record.world_size} to {d.ranks.world} rank")
+    assert f"keep its {change.rows} rows per step" in d.reasons["reshard"]
+    if record.batch is not None:
+        assert d.split.gradient_checkpointing == record.batch.gradient_checkpointing
+    # its checkpoints record the new ranks and the split, which a later resume on as many ranks keeps as it is
+    written = d.record()
+    assert (written.world_size, written.batch) == (d.ranks.world, d.split)
+    again = decided(shape=TINY if machine is CPU_HOST else Q4, machine=machine, record=written, **settings)
+    assert again.reshard is None and again.split == d.split and "checkpoint" not in again.ds_config
+    assert again.reasons["split"].endswith("as the checkpoint resumed records it (its batch search's, or its rows "
+                                           "per step kept on another number of ranks)")
+
+
+def test_a_resume_on_as_many_ranks_converts_nothing():
+    d = decided(shape=TINY, machine=CPU_HOST, record=CheckpointRecord("2", 2))
+    assert d.reshard is None and "reshard" not in d.reasons and "checkpoint" not in d.ds_config
+
+
+def test_fewer_ranks_that_the_plan_says_cannot_hold_the_checkpoints_stage_are_warned_of():
+    # Qwen3-8B at ZeRO-2 written by 8 H200s: one holds all of its optimizer state (a resume runs no probe)
+    d = decided(shape=Q8, record=CheckpointRecord("2", 8))
+    assert d.reshard.to_world == 1 and not d.row.fits
+    why = d.reasons["reshard"]
+    assert f"; warning: the plan predicts ZeRO-2 is {d.row.why} on these ranks" in why
+    assert why.endswith("so training may run out of memory (exit 6): start on more GPUs")
+    assert "warning" not in decided(shape=Q4, record=CheckpointRecord("2", 2)).reasons["reshard"]
+
+
+def test_a_global_batch_that_the_new_ranks_cannot_share_evenly_is_refused():
+    three = Machine(gpus=(H200,) * 3, host_memory_bytes=400 * GIB)
     with pytest.raises(CannotRun) as e:
-        decided(record=CheckpointRecord("2", 2))
+        decided(machine=three, record=CheckpointRecord("2", 2))  # 2 ranks x 4 x 1: 8 rows per step
     assert e.value.exit_code == exitcodes.PREFLIGHT
-    assert "written by 2 ranks and this start has 1" in str(e.value)
+    assert str(e.value).startswith("the checkpoint to resume was trained with 8 rows per optimizer step (2 ranks x "
+                                   "4 x 1: ranks x micro-batch x accumulation), which 3 ranks cannot share evenly")
+    assert "Start on a number of ranks that divides 8 (1, 2, 4, 8; SFT_GPUS)" in str(e.value)
 
 
 def test_a_cpu_host_runs_cpu_ranks_and_says_sft_gpus_is_ignored():

@@ -23,7 +23,8 @@ from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
 from ..settings import Settings
 from ..units import gib
-from . import budget, coordinate, figures, inputs, machine, outlock, preflight, probe, timekeeper, uploads
+from . import (budget, coordinate, figures, inputs, machine, outlock, preflight, probe, reshard, timekeeper,
+               uploads)
 from .launch import Stopper
 from .output import Paths, losses, plot_loss
 from .runs import Runner
@@ -140,6 +141,15 @@ class Job:
         elif probe_only:
             say("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)")
             return exitcodes.DONE
+        if d.reshard is not None:  # written by another number of ranks: converted first
+            try:
+                converted = reshard.convert(resume, d.reshard, self.paths)
+            except reshard.Failed as e:
+                say(f"error: {e}")
+                stopped = self.stopper.requested  # the converter got the signal too
+                return self._close(exitcodes.STOPPED if stopped else e.exit_code, "reshard failed", d)
+            self.summary.reshard, resume = converted.summary, converted.path
+            self._phase("reshard")
         return self._train(d, resume, given.shape.total_params)
 
     def _resolved(self) -> None:
@@ -220,6 +230,8 @@ class Job:
                 self.timekeeper.stop()
         self.summary.train = train = train_results(reports, time.time() - started)
         self._phase("train")
+        if d.reshard is not None:
+            reshard.tidy(self.paths)
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
             say(figures.against_run_line(check))

@@ -1,7 +1,8 @@
 """Every choice the job makes, in one pure step: settings + machine + checkpoint -> one frozen Decision.
 
     decide(inputs)            at start: ranks, precision, attention, Liger, stage, checkpointing, the
-                              batch split and which splits to time, pin_memory, launcher; a reason each
+                              batch split and which splits to time, pin_memory, launcher; a reason each;
+                              on another number of ranks than the checkpoint's, its conversion (reshard.py)
     adopt(inputs, d, split)   after the batch search: the split it measured fastest
     escalate(inputs, d)       after the probe ran out of memory: checkpointing on, then the next stage
     cap_steps(d, n, why)      after the budget gate (planner/budget.py): train only the n steps that fit
@@ -21,9 +22,10 @@ from .. import exitcodes, stages
 from ..handoff import CheckpointRecord, Split
 from ..stages import Stage
 from ..units import GIB
-from . import rules
+from . import reshard, rules
 from .inputs import CannotRun, Inputs, Machine, Ranks
 from .plan import Plan, Row, Setup, estimate_row, longest_row, plan_from_shape
+from .reshard import Reshard
 
 CPU_RANK_MEMORY_GIB = 16.0  # what a CPU rank is planned with when the host's memory is unknown
 
@@ -48,6 +50,7 @@ class Decision:
     row: Row  # this stage's prediction under ds_config
     reasons: Mapping[str, str] = field(default_factory=dict)
     max_steps: int | None = None  # the budget's cap on optimizer steps; None: SFT_MAX_STEPS and SFT_EPOCHS
+    reshard: Reshard | None = None  # the checkpoint resumed was written by another number of ranks
 
     @property
     def offload(self) -> bool:
@@ -55,7 +58,9 @@ class Decision:
 
     def record(self) -> CheckpointRecord:
         """What every checkpoint of this decision says about how it was made."""
-        return CheckpointRecord(self.stage.name, self.ranks.world, batch=self.split if self.searched else None,
+        # a split changed for another number of ranks is kept by later resumes, as a batch search's is
+        kept = self.searched or self.reshard is not None
+        return CheckpointRecord(self.stage.name, self.ranks.world, batch=self.split if kept else None,
                                 max_steps=self.max_steps)
 
     def resolved(self) -> dict[str, Any]:
@@ -76,17 +81,17 @@ def decide(inputs: Inputs) -> Decision:
     """The decision at start (raises CannotRun)."""
     s, record = inputs.settings, inputs.record
     ranks, why_ranks = rules.choose_ranks(s, inputs.machine)
-    if record is not None and record.world_size != ranks.world:
-        raise CannotRun(
-            f"the checkpoint to resume was written by {record.world_size} ranks and this start has {ranks.world}. "
-            "DeepSpeed cannot load ZeRO shards into another number of ranks: start on as many GPUs (SFT_GPUS), or "
-            "convert the checkpoint with DeepSpeed's universal checkpointing (python -m "
-            "deepspeed.checkpoint.ds_to_universal) first", exitcodes.PREFLIGHT)
     reasons = {"ranks": why_ranks}
     bf16, reasons["precision"] = rules.precision(s, ranks)
     attention, reasons["attention"] = rules.attention(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
     split, searched, reasons["split"] = rules.batch_split(s, record, ranks.on_gpu)
+    moved = None
+    if record is not None and record.world_size != ranks.world:
+        moved, reasons["reshard"] = reshard.plan(record, ranks.world, split)
+        split = moved.after
+        reasons["split"] = (f"{split.micro_batch} x {split.grad_accum} on each of {reshard.ranks(ranks.world)}: "
+                            f"the checkpoint's {moved.rows} rows per step")
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
     d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, compile=False, stage=stages.get("1"),
                  ds_config={}, split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
@@ -98,6 +103,9 @@ def decide(inputs: Inputs) -> Decision:
         why = f"{d.split.checkpointing_text} (SFT_GRADIENT_CHECKPOINTING)"
         d = _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
     d = _with_search(inputs, d)
+    if moved is not None:  # this start loads the converted checkpoint; its own checkpoints are ordinary ones
+        d = _replace(d, reshard=moved, ds_config=reshard.universal_load(d.ds_config),
+                     reasons={**d.reasons, "reshard": reshard.with_fit(d.reasons["reshard"], d.row, d.stage)})
     if record is not None and record.max_steps is not None:
         d = cap_steps(d, record.max_steps, "as the budget capped them for the checkpoint resumed")
     return _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})

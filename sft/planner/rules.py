@@ -54,7 +54,8 @@ def batch_split(s: Settings, record: CheckpointRecord | None, on_gpu: bool) -> t
     """(the split, whether a batch search chose it, why). Rows per step follow SFT_TOKENS_PER_STEP at this
     SFT_MAX_LENGTH unless SFT_MICRO_BATCH says; checkpointing as the setting says (auto: on, decided later)."""
     if record is not None and record.batch is not None:
-        return record.batch, True, f"{record.batch.text()}, as the batch search chose it for the checkpoint resumed"
+        return record.batch, True, (f"{record.batch.text()}, as the checkpoint resumed records it (its batch "
+                                    "search's, or its rows per step kept on another number of ranks)")
     ckpt, offload = s.gradient_checkpointing != "false", s.gradient_checkpointing == "offload" and on_gpu
     rows = max(1, s.tokens_per_step // s.max_length)
     tokens = f"{rows} row(s) of {s.max_length} tokens, {rows * s.max_length:,} tokens per GPU per step"

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import faults, profiling
+from . import faults, profiling, universal
 from .progress import ProgressCallback, StopRequest
 
 
@@ -87,7 +87,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     rank0_of_training = spec.mode == "train" and int(os.environ.get("RANK", "0")) == 0 and spec.run_dir
     callback = ProgressCallback(stop, report, spec.record, Path(spec.run_dir) if rank0_of_training else None)
     # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
-    callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir)]
+    callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir),
+                 universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
     trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:
