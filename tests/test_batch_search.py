@@ -75,7 +75,8 @@ def test_the_fastest_split_that_fits_is_kept_and_a_resume_keeps_it(tmp_path):
         best["micro_batch"], best["grad_accum"])
     assert summary["probe"]["stage"] == summary["stage"] and summary["status"] == "done"
     record = json.loads((tmp_path / "out" / "checkpoint-4" / "sft_job.json").read_text())
-    assert record["batch"] == {k: best[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing")}
+    assert record["batch"] == {**{k: best[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing")},
+                               "offload_activations": False}
 
     # a second start from the checkpoint (final/ gone): no search, the recorded split
     shutil.rmtree(tmp_path / "out" / "final")
