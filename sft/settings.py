@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import nodes, stages
-from .data import DATA_SUFFIXES, looks_local
+from .data import entries as data_entries
+from .data import looks_local
 
 PREFIX = "SFT_"
 STAGES = ("auto", *stages.NAMES)
@@ -27,6 +28,7 @@ ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager")
 SWITCH = ("auto", "true", "false")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
+LOSS_ON = ("auto", "all", "assistant", "completion")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
@@ -49,9 +51,32 @@ class Settings:
     """Everything a run needs, as resolved from the environment."""
 
     model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
-    dataset: str = _setting("trl-lib/Capybara", "Dataset: a Hub name, or a local .jsonl/.json/.parquet file or "
-                            "folder, conversational (a 'messages' column).")
-    dataset_split: str = _setting("train", "Split of the dataset to train on.")
+    model_revision: str | None = _setting(None, "The Hub model's branch, tag or commit; resolved to a commit at start "
+                                          "and recorded in the summary and the model card.")
+    dataset: str = _setting("trl-lib/Capybara", "Training data: a Hub name, a local .jsonl/.json/.parquet/.csv "
+                            "file, a folder of them, or a folder written by datasets' save_to_disk. Several, "
+                            "comma-separated, make a mixture; each may end in :ROWS (that many rows drawn from it) "
+                            "or :WEIGHT (a number with a decimal point: 0.5 takes half its rows, 2.0 each twice). "
+                            "Shapes: messages, prompt/completion (strings or messages), text (see Bring your data).")
+    dataset_split: str = _setting("train", "Split to train on, for local data too: a folder's files named train.*, "
+                                  "test.* are its splits, a single file is the split train; slices such as "
+                                  "train[:1000] work.")
+    dataset_config: str | None = _setting(None, "The Hub dataset's configuration (subset) name.")
+    dataset_revision: str | None = _setting(None, "The Hub dataset's branch, tag or commit; resolved to a commit at "
+                                            "start and recorded in the summary and the model card.")
+    chat_template: str | None = _setting(None, "A chat template to train with instead of the model's: a .jinja file, "
+                                         "or a model (Hub name or folder) to take it and its special tokens from "
+                                         "(TRL's chat_template_path). final/ is saved with it.")
+    loss_on: str = _setting("auto", "Tokens that carry the loss: all; assistant (the assistant turns of "
+                            "conversations; the chat template must mark them, see SFT_CHAT_TEMPLATE); completion "
+                            "(prompt/completion data). auto: completion for prompt/completion data, all otherwise "
+                            "(TRL's defaults).", choices=LOSS_ON)
+    eval_dataset: str | None = _setting(None, "Evaluation data, as SFT_DATASET (split SFT_EVAL_SPLIT, default train).")
+    eval_split: str | None = _setting(None, "Evaluate on this split: of SFT_EVAL_DATASET, or else of SFT_DATASET.")
+    eval_fraction: float = _setting(0.0, "Or hold out this fraction of the training rows for evaluation (seeded by "
+                                    "SFT_SEED: the same rows on every start); 0: none.", min=0, lt=1)
+    eval_steps: int | None = _setting(None, "Evaluate every this many optimizer steps, and at the end; unset: with "
+                                      "each checkpoint (SFT_SAVE_STEPS).", min=1)
     zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
                                choices=STAGES)
@@ -124,6 +149,11 @@ class SettingsError(Exception):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+def refusal(what: str, problems: list[str]) -> str:
+    """How a list of problems is shown before exit 2 (settings, data): every one, one line each."""
+    return "\n".join([f"error: the {what} not valid; nothing was started:", *(f"  - {p}" for p in problems)])
 
 
 def env_name(name: str) -> str:
@@ -219,6 +249,8 @@ def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
         raise ValueError(f"expected at least {meta['min']}")
     if "gt" in meta and not value > meta["gt"]:
         raise ValueError(f"expected more than {meta['gt']}")
+    if "lt" in meta and not value < meta["lt"]:
+        raise ValueError(f"expected less than {meta['lt']}")
 
 
 def _bad(var: str, value: Any, message: str) -> str:
@@ -232,7 +264,7 @@ def check(s: Settings) -> list[str]:
     if s.max_steps == 0:
         problems.append(_bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
     problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
-    problems += _check_source("SFT_DATASET", s.dataset, expect_dir=False)
+    problems += data_entries.settings_problems(s)
     if s.ds_config is not None:
         problems += _check_ds_config(s)
     if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
@@ -293,8 +325,6 @@ def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
         return [_bad(var, value, "no such file or folder")]
     if expect_dir and not (path / "config.json").is_file():
         return [_bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
-    if not expect_dir and path.is_file() and path.suffix not in DATA_SUFFIXES:
-        return [_bad(var, value, f"expected a {', '.join(DATA_SUFFIXES)} file or a folder of them")]
     return []
 
 

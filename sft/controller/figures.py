@@ -33,8 +33,9 @@ def steady_rates(steps: list[list[float]]) -> dict[str, float] | None:
     return {"seconds_per_step": round((t1 - t0) / (s1 - s0), 4), "tokens_per_second": round((n1 - n0) / (t1 - t0), 1)}
 
 
-def figures(reports: list[RankReport], s: Settings) -> dict[str, Any]:
-    """Probe figures from the ranks' reports (rank 0 holds the step times)."""
+def figures(reports: list[RankReport], s: Settings, eval_every: int | None = None) -> dict[str, Any]:
+    """Probe figures from the ranks' reports (rank 0 holds the step times); eval_every: the run evaluates
+    every this many steps and at the end (None: it does not)."""
     reports = sorted(reports, key=lambda r: r.rank)
     main = reports[0]
     out: dict[str, Any] = {
@@ -46,6 +47,9 @@ def figures(reports: list[RankReport], s: Settings) -> dict[str, Any]:
     }
     if any(r.alloc_retries is not None for r in reports):
         out["alloc_retries"] = [r.alloc_retries or 0 for r in reports]
+    if eval_every and main.eval_seconds_per_batch is not None:
+        out.update(eval_every=eval_every, eval_batches=main.eval_batches,
+                   eval_seconds_per_batch=main.eval_seconds_per_batch)
     out.update(steady_rates(main.steps) or {})
     out.update(projection(out, s))
     return out
@@ -57,7 +61,14 @@ def projection(fig: dict[str, Any], s: Settings) -> dict[str, Any]:
         return {}
     total = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"])
     hours = total * fig["seconds_per_step"] / 3600
-    out = {"total_steps": total, "projected_hours": round(hours, 3)}
+    out: dict[str, Any] = {"total_steps": total}
+    if fig.get("eval_every"):
+        # every eval_every steps and once more at the end, unless the last step is one of them
+        passes = total // fig["eval_every"] + (1 if total % fig["eval_every"] else 0)
+        eval_hours = passes * fig["eval_batches"] * fig["eval_seconds_per_batch"] / 3600
+        out.update(eval_passes=passes, projected_eval_hours=round(eval_hours, 3))
+        hours += eval_hours
+    out["projected_hours"] = round(hours, 3)
     if s.price_per_hour:
         out["projected_cost"] = round(hours * s.price_per_hour, 2)
     return out
@@ -93,6 +104,9 @@ def table(fig: dict[str, Any]) -> str:
         ("steps to train", fig.get("total_steps", "n/a")),
         ("projected hours", fig.get("projected_hours", "n/a")),
     ]
+    if "eval_passes" in fig:
+        rows.append(("of which evaluation", f"{fig['projected_eval_hours']} h: {fig['eval_passes']} passes of "
+                     f"{fig['eval_batches']} batches, {fig['eval_seconds_per_batch']} s each (timed on a few)"))
     if "projected_cost" in fig:
         rows.append(("projected cost", fig["projected_cost"]))
     if any(fig.get("alloc_retries") or []):

@@ -17,11 +17,11 @@ from ..planner import rules
 from ..planner.decide import Decision
 from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
-from ..settings import Settings
+from ..settings import Settings, refusal
 from ..units import gib
-from . import coordinate, figures, inputs, machine, preflight, probe, uploads
+from . import coordinate, data, figures, inputs, machine, preflight, probe, uploads
 from .launch import Stopper
-from .output import Paths, losses, plot_loss
+from .output import Paths, eval_results, losses, plot_loss
 from .runs import Runner
 
 
@@ -57,6 +57,7 @@ class Job:
         self.runner = Runner(s, team, self.paths, self.stopper)
         self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes)
         self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training
+        self.data: data.Found | None = None
 
     def run(self, probe_only: bool) -> int:
         from ..hub.errors import HubError
@@ -65,6 +66,8 @@ class Job:
             self.target = uploads.connect(self.s)
             if not probe_only and uploads.already_done(self.paths, self.target):
                 return exitcodes.DONE
+            if (code := self._read_data()) is not None:
+                return code
             self.stopper.install()
             self.paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
             write_json(self.paths.run / "settings.json", self.s.to_dict())
@@ -74,7 +77,7 @@ class Job:
             return e.exit_code
         self.summary.resumed_from = str(resume) if resume else None
         try:
-            given = inputs.read(self.s, self.facts.machine, resume)
+            given = inputs.read(self.s, self.facts.machine, resume, self.data.facts)
             d = self._decided(decide.decide(given))
         except CannotRun as e:
             print(f"error: {e}", flush=True)
@@ -92,10 +95,23 @@ class Job:
             return exitcodes.DONE
         return self._train(d, resume)
 
+    def _read_data(self) -> int | None:
+        """The data, loaded and checked before anything is written; exit 2 listing every problem."""
+        from ..data import DataError
+
+        try:
+            self.data = data.read(self.s, self.team.ranks)
+        except DataError as e:
+            print(refusal("data is", e.problems), flush=True)
+            return exitcodes.BAD_SETTINGS
+        print("\n".join(self.data.notes), flush=True)
+        return None
+
     def _decided(self, d: Decision) -> Decision:
         print(format_table(d.plan), flush=True)
         print("decided:\n" + d.explain(), flush=True)
         self.summary.plan = d.plan.to_dict()
+        self.summary.data, self.summary.model_revision = data.summary(self.data, d.data), d.model_revision
         return d
 
     def _preflight(self, given: Inputs, d: Decision, probe_only: bool) -> int | None:
@@ -143,10 +159,12 @@ class Job:
         if d is not None:
             summary.stage, summary.ranks = d.stage.name, d.ranks.world
             summary.resolved, summary.decisions = d.resolved(), dict(d.reasons)
-        points = losses((summary.train or {}).get("log_history") or [])
+        history = (summary.train or {}).get("log_history") or []
+        points, summary.eval = losses(history), eval_results(history)
         if points:
             summary.final_loss = points[-1][1]
-            plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
+            plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})",
+                      losses(history, "eval_loss"))
         summary.save(self.paths.summary)
         if self.uploader is not None:
             code = uploads.finish(self.uploader, code, self.paths, summary,
@@ -162,7 +180,8 @@ def train_results(reports: list, wall: float) -> dict:
     if main is None:
         return {"status": None, **result}
     result.update(status=main.status, global_step=main.global_step, train_runtime=main.train_runtime,
-                  train_loss=main.train_loss, num_tokens=main.num_tokens, log_history=main.log_history)
+                  train_loss=main.train_loss, num_tokens=main.num_tokens, log_history=main.log_history,
+                  eval_seconds=round(main.eval_seconds, 1))
     if main.num_tokens and main.train_runtime:
         result["tokens_per_second"] = round(main.num_tokens / main.train_runtime, 1)
     if rates := figures.steady_rates(main.steps):

@@ -38,7 +38,7 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
               resume: Path | None = None, ds_config: str = "") -> RunSpec:
     """The settings and the decision, as the ranks read them (writes nothing)."""
     return RunSpec(
-        mode=mode, model=s.model, dataset=s.dataset, dataset_split=s.dataset_split, max_length=s.max_length,
+        mode=mode, model=s.model, data=d.data, max_length=s.max_length,
         packing=s.packing, epochs=s.epochs, max_steps=max_steps, learning_rate=s.learning_rate,
         save_steps=s.save_steps, save_total_limit=s.save_total_limit, logging_steps=s.logging_steps,
         seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger,
@@ -47,4 +47,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         trainer_args=json.loads(s.trainer_args or "{}"), node_timeout_seconds=s.node_timeout_seconds,
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
-        record=d.record(), resume=str(resume) if resume else None)
+        record=d.record(), resume=str(resume) if resume else None, model_revision=d.model_revision,
+        chat_template=s.chat_template)

@@ -38,6 +38,22 @@ def _hub_name(value: Any) -> str | None:
     return value if ok else None
 
 
+def _data_lines(summary: dict[str, Any]) -> str:
+    """The data, the tokens learned and the evaluation, as the summary recorded them (commits included)."""
+    data, ev = summary.get("data") or {}, summary.get("eval") or {}
+    lines = []
+    if data:
+        sources = "; ".join(f"`{x['path']}`" + (f" at commit `{x['revision']}`" if x.get("revision") else "")
+                            for x in data.get("train", []))
+        lines.append(f"- data: {data.get('shape')}, {data.get('train_rows')} rows from {sources}; loss on: "
+                     f"{data.get('loss_on')} tokens")
+    if ev:
+        accuracy = ev.get("mean_token_accuracy")
+        lines.append(f"- evaluation ({data.get('eval_rows', '?')} rows) at step {ev.get('step')}: loss {ev['loss']:.4f}"
+                     + (f", token accuracy {accuracy:.4f}" if accuracy is not None else ""))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def model_card(summary: dict[str, Any], repo_id: str) -> str:
     """README.md: base model, dataset, settings, final loss, and how to load the model."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -49,15 +65,17 @@ def model_card(summary: dict[str, Any], repo_id: str) -> str:
                          tags=["trl", "sft", "deepspeed", "full-fine-tune"])
     loss = summary.get("final_loss", train.get("train_loss"))
     settings_rows = "\n".join(f"| `SFT_{k.upper()}` | `{v}` |" for k, v in s.items())
+    revision = f" (commit `{summary['model_revision']}`)" if summary.get("model_revision") else ""
     body = f"""# {repo_id.split('/')[-1]}
 
-Full fine-tune of `{s.get('model', '?')}` on `{s.get('dataset', '?')}` (split `{s.get('dataset_split', 'train')}`)
+Full fine-tune of `{s.get('model', '?')}`{revision} on `{s.get('dataset', '?')}`
+(split `{s.get('dataset_split', 'train')}`)
 with TRL's SFTTrainer on DeepSpeed ZeRO {summary.get('stage', '?')}, {summary.get('ranks', '?')} rank(s).
 
 - status: {summary.get('status', '?')}
 - final training loss: {loss if loss is not None else 'n/a'}
 - optimizer steps: {train.get('global_step', 'n/a')}; tokens per second: {train.get('tokens_per_second', 'n/a')}
-
+{_data_lines(summary)}
 ## Use
 
 ```python

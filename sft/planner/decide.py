@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import exitcodes, stages
-from ..handoff import CheckpointRecord, Split
+from ..handoff import CheckpointRecord, DataPlan, Split
 from ..stages import Stage
 from ..units import GIB
+from . import data as data_rules
 from . import rules
 from .inputs import CannotRun, Inputs, Machine, Ranks
 from .plan import Plan, Row, Setup, estimate_row, plan_from_shape
@@ -45,6 +46,8 @@ class Decision:
     plan: Plan  # the shipped options at this split: what auto chooses among
     row: Row  # this stage's prediction under ds_config
     reasons: Mapping[str, str] = field(default_factory=dict)
+    data: DataPlan | None = None  # what the ranks train and evaluate on (None: the data was not read)
+    model_revision: str | None = None  # the model's commit, as resolved at start
 
     @property
     def offload(self) -> bool:
@@ -61,7 +64,8 @@ class Decision:
                 "offload": self.offload, "micro_batch": self.split.micro_batch, "grad_accum": self.split.grad_accum,
                 "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
                 "pin_memory": self.pin_memory, "launcher": self.launcher,
-                "predicted_peak_gib": round(self.row.peak / GIB, 2)}
+                "predicted_peak_gib": round(self.row.peak / GIB, 2), "model_revision": self.model_revision,
+                **({"loss_on": self.data.loss_on, "eval_steps": self.data.eval_steps} if self.data else {})}
 
     def explain(self) -> str:
         return "\n".join(f"  {name}: {why}" for name, why in self.reasons.items())
@@ -98,7 +102,21 @@ def decide(inputs: Inputs) -> Decision:
     if s.gradient_checkpointing == "auto" and not searched:
         d = _auto_checkpointing(inputs, d)
     d = _with_search(inputs, d)
-    return _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+    d = _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+    return _with_data(inputs, d)
+
+
+def _with_data(inputs: Inputs, d: Decision) -> Decision:
+    """The model's commit and the data plan: which rows, which tokens carry the loss, the evaluation."""
+    reasons = dict(d.reasons)
+    if inputs.model_revision:
+        asked = inputs.settings.model_revision
+        reasons["model"] = f"{inputs.settings.model} at commit {inputs.model_revision}" + (
+            f" (SFT_MODEL_REVISION={asked})" if asked else " (its main branch at start)")
+    if inputs.data is None:
+        return _replace(d, model_revision=inputs.model_revision, reasons=reasons)
+    plan, why = data_rules.plan(inputs.settings, inputs.data)
+    return _replace(d, data=plan, model_revision=inputs.model_revision, reasons={**reasons, **why})
 
 
 def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str]:

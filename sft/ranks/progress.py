@@ -45,9 +45,14 @@ class ProgressCallback(TrainerCallback):
     def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord):
         self.stop, self.report, self.record, self.trainer = stop, report, record, None
 
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        # The steps' clock leaves evaluation out, so the run's steady speed compares with the probe's
+        self.report.eval_seconds += (metrics or {}).get("eval_runtime", 0.0)
+
     def on_step_end(self, args, state, control, **kwargs):
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
-        self.report.steps.append([state.global_step, time.perf_counter(), int(tokens)])
+        now = time.perf_counter() - self.report.eval_seconds
+        self.report.steps.append([state.global_step, now, int(tokens)])
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import faults
+from . import evaluation, faults
 from .progress import ProgressCallback, StopRequest
 
 
@@ -39,6 +39,9 @@ def main(spec_path: str) -> int:
         faults.inject(spec)
         _reset_peak_memory(on_gpu)
         result = trainer.train(resume_from_checkpoint=spec.resume)
+        if trainer.eval_dataset is not None and spec.mode == "probe":
+            evaluation.timed(trainer, report)
+        evaluation.at_the_end(trainer, spec, stop.requested)
         _results(report, trainer, result, stop)
         if spec.mode == "train" and not stop.requested:
             trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
@@ -71,21 +74,23 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     """SFTTrainer on the run's data, with a callback that times steps and watches for a stop."""
     from trl import SFTTrainer
 
-    from ..data import load_conversations
+    from ..data.sources import build
     from .trainer import trainer_arguments
 
     config = trainer_arguments(spec, on_gpu)
-    dataset = load_conversations(spec.dataset, spec.dataset_split)
+    dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
     callback = ProgressCallback(stop, report, spec.record)
-    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, callbacks=[callback])
+    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
+                         callbacks=[callback])
     callback.trainer = trainer
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
     batches = len(trainer.get_train_dataloader())
     report.steps_per_epoch = max(math.ceil(batches / spec.grad_accum), 1)
     report.conversations = len(dataset)
+    report.eval_rows = len(trainer.eval_dataset) if trainer.eval_dataset is not None else None
     if int(os.environ.get("RANK", "0")) == 0:
         # What DeepSpeed was given, "auto" values filled by the Trainer (the rest fill at deepspeed_init).
         Path(spec.report_dir).mkdir(parents=True, exist_ok=True)

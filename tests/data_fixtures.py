@@ -1,0 +1,57 @@
+"""Small datasets of every shape TRL trains on, made from the demo's conversations, written in every format
+the job reads (JSON Lines, JSON, Parquet, CSV, a folder of splits, datasets' save_to_disk)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import DEMO_DATA
+
+SYSTEM = {"role": "system", "content": "Answer briefly."}
+
+
+def conversations(n: int = 512) -> list[list[dict]]:
+    """The demo's conversations, repeated to n; every third opens with a system turn."""
+    chats = [json.loads(line)["messages"] for line in DEMO_DATA.read_text().splitlines()]
+    return [([SYSTEM] if i % 3 == 0 else []) + chats[i % len(chats)] for i in range(n)]
+
+
+def rows(shape: str, n: int = 512) -> list[dict]:
+    """n rows of one shape: messages, conversational_pc, standard_pc or text."""
+    out = []
+    for chat in conversations(n):
+        if shape == "messages":
+            out.append({"messages": chat})
+        elif shape == "conversational_pc":
+            out.append({"prompt": chat[:-1], "completion": chat[-1:]})
+        else:
+            question, answer = chat[-2]["content"], chat[-1]["content"]
+            if shape == "standard_pc":
+                out.append({"prompt": f"Question: {question}\nAnswer:", "completion": f" {answer}"})
+            else:
+                out.append({"text": f"Question: {question}\nAnswer: {answer}"})
+    return out
+
+
+def write(path: Path, data: list[dict]) -> Path:
+    """data in the format the suffix says (.jsonl, .json, .parquet, .csv)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(data, indent=1))
+    else:
+        from datasets import Dataset
+
+        ds = Dataset.from_list(data)
+        ds.to_parquet(str(path)) if path.suffix == ".parquet" else ds.to_csv(str(path), index=False)
+    return path
+
+
+def save_to_disk(path: Path, splits: dict[str, list[dict]]) -> Path:
+    """A folder as datasets' save_to_disk writes it: a DatasetDict of these splits."""
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({name: Dataset.from_list(data) for name, data in splits.items()}).save_to_disk(str(path))
+    return path
