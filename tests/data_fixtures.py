@@ -13,8 +13,9 @@ SYSTEM = {"role": "system", "content": "Answer briefly."}
 
 def conversations(n: int = 512) -> list[list[dict]]:
     """The demo's conversations, repeated to n; every third opens with a system turn."""
-    chats = [json.loads(line)["messages"] for line in DEMO_DATA.read_text().splitlines()]
-    return [([SYSTEM] if i % 3 == 0 else []) + chats[i % len(chats)] for i in range(n)]
+    lines = DEMO_DATA.read_text().splitlines()
+    # parsed anew for each row: no two rows share a message a test may change
+    return [([dict(SYSTEM)] if i % 3 == 0 else []) + json.loads(lines[i % len(lines)])["messages"] for i in range(n)]
 
 
 def rows(shape: str, n: int = 512) -> list[dict]:
