@@ -227,7 +227,8 @@ def test_evaluation_comes_from_one_place_with_its_reason():
 def test_evaluation_runs_with_each_checkpoint_unless_told_and_at_the_end():
     assert data_rules.eval_every(Settings(save_steps=200), True) == (
         200, "every 200 steps, with each checkpoint (SFT_SAVE_STEPS), and at the end")
-    assert data_rules.eval_every(Settings(eval_steps=25), True) == (25, "every 25 steps (SFT_EVAL_STEPS) and at the end")
+    every = (25, "every 25 steps (SFT_EVAL_STEPS) and at the end")
+    assert data_rules.eval_every(Settings(eval_steps=25), True) == every
     assert data_rules.eval_every(Settings(eval_steps=25), False) == (None, "")
 
 
