@@ -54,7 +54,7 @@ def read(s: Settings, ranks: Ranks) -> Found:
         loss, _ = data_rules.loss_mode(s.loss_on, facts)
     except CannotRun as e:
         problems.append(str(e))
-        loss = "all"
+        loss = s.loss_on  # the rows are still checked for what the user asked
     problems += _row_problems(train, loaded, shape, loss, "SFT_DATASET")
     evaluation = _eval_sources(s, facts, shape, loss, problems)
     if problems:

@@ -59,13 +59,16 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
 
     kind = col.type
     item = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
-    if item is None or not pa.types.is_struct(item) or item.get_field_index(shape.role_key) < 0:
+    as_json = isinstance(item, pa.JsonType)  # datasets keeps messages of differing keys as JSON text
+    if item is None or not (as_json or (pa.types.is_struct(item) and item.get_field_index(shape.role_key) >= 0)):
         return [f"{label}: {column!r} holds {kind}, not lists of messages with a {shape.role_key!r}"]
     found = []
     lengths = pc.list_value_length(col)
     if empty := _where(pc.or_kleene(lengths.is_null(), pc.equal(lengths, 0))):
         found.append(f"{label}: {len(empty)} empty conversation(s) in {column!r} ({rows_named(empty)}): remove them")
-    roles, parents = pc.struct_field(pc.list_flatten(col), shape.role_key), pc.list_parent_indices(col).to_numpy()
+    flat, parents = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy()
+    roles = pa.array([_role(m, shape.role_key) for m in flat.storage.to_pylist()], pa.string()) if as_json \
+        else pc.struct_field(flat, shape.role_key)
     bad = pc.invert(pc.fill_null(pc.is_in(roles, value_set=pa.array(ROLES)), False)).to_numpy(zero_copy_only=False)
     if bad.any():
         seen = pc.unique(pc.filter(roles, pa.array(bad))).to_pylist()
@@ -82,6 +85,13 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
             found.append(f"{label}: no assistant turn in {rows_named(silent)}: with SFT_LOSS_ON=assistant such a "
                          "row has no token to learn (TRL stops on it)")
     return found
+
+
+def _role(message: str | None, key: str) -> str | None:
+    import json
+
+    value = json.loads(message) if message is not None else None
+    return value.get(key) if isinstance(value, dict) and isinstance(value.get(key), str) else None
 
 
 def _where(mask) -> list[int]:

@@ -97,4 +97,7 @@ def _kind(value: Any) -> str:
         first = value[0]
         return f"a list of objects with keys {sorted(first)}" if isinstance(first, dict) else \
             f"a list of {type(first).__name__}"
-    return "null" if value is None else f"a {type(value).__name__}"
+    if value is None:
+        return "null"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
