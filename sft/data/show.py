@@ -18,9 +18,9 @@ def render(rows: Dataset, labeller: Labeller, count: int, packing: bool, per_tok
     prepared = labeller.prepare(in_memory(rows, 0, count), truncate=False)
     limit = labeller.max_length
     out = [f"{OPEN}...{CLOSE}: the tokens that carry the loss (the model learns to predict them); the rest is "
-           "context only."]
+           "context only (a row's first token too: nothing before it predicts it)."]
     for number, row in enumerate(prepared, start=1):
-        ids, labels = row["input_ids"], row["labels"]
+        ids, labels = row["input_ids"], learned_labels(row["labels"])
         learned = sum(label != IGNORED for label in labels)
         cut = len(ids) - limit if limit is not None and len(ids) > limit else 0
         head = f"\nrow {number}: {len(ids)} tokens, {learned} carry the loss"
@@ -32,6 +32,12 @@ def render(rows: Dataset, labeller: Labeller, count: int, packing: bool, per_tok
         out.append(head)
         out.append(_tokens(labeller.tok, ids, labels) if per_token else _spans(labeller.tok, ids, labels))
     return "\n".join(out)
+
+
+def learned_labels(labels: list[int]) -> list[int]:
+    """TRL's labels as the loss uses them: the first token is never predicted (the model shifts the labels by
+    one; packed, TRL's collator masks each sequence's first token)."""
+    return [IGNORED, *labels[1:]] if labels else labels
 
 
 def _spans(tok, ids: list[int], labels: list[int]) -> str:
