@@ -56,3 +56,38 @@ def save_to_disk(path: Path, splits: dict[str, list[dict]]) -> Path:
 
     DatasetDict({name: Dataset.from_list(data) for name, data in splits.items()}).save_to_disk(str(path))
     return path
+
+
+def cache_hub_dataset(hf_home: Path, repo_id: str, data: list[dict]) -> str:
+    """`repo_id` in the Hugging Face cache under hf_home, as a machine that had loaded it once holds it:
+    served once by the local Hub server and loaded by datasets in a process of its own (datasets reads its
+    cache folder at import). Returns the commit."""
+    import os
+    import subprocess
+    import sys
+
+    from hub_fixtures import TESTS, client_env
+    from hubserver import HubServer
+
+    token = "hf_FAKE-cache-fixture-token"
+    server = HubServer(hf_home.parent / f"hub-for-{repo_id.replace('/', '-')}").start()
+    server.add_token(token, repo_id.split("/")[0])
+    load = (
+        "import json, sys, datasets\n"
+        "from huggingface_hub import HfApi\n"
+        "api = HfApi()\n"
+        f"api.create_repo({repo_id!r}, repo_type='dataset')\n"
+        "rows = json.loads(sys.stdin.read())\n"
+        "data = ''.join(json.dumps(r) + '\\n' for r in rows).encode()\n"
+        f"commit = api.upload_file(path_or_fileobj=data, path_in_repo='data/train.jsonl', repo_id={repo_id!r},"
+        " repo_type='dataset').oid\n"
+        f"datasets.load_dataset({repo_id!r}, split='train', revision=commit)\n"
+        f"datasets.load_dataset({repo_id!r}, split='train')\n"
+        "print(commit)\n")
+    env = {**os.environ, **client_env(server.url, hf_home), "HF_TOKEN": token, "PYTHONPATH": str(TESTS)}
+    try:
+        done = subprocess.run([sys.executable, "-c", load], input=json.dumps(data), env=env, capture_output=True,
+                              text=True, timeout=300, check=True)
+    finally:
+        server.stop()
+    return done.stdout.strip().splitlines()[-1]

@@ -57,6 +57,12 @@ def test_a_folders_files_named_for_splits_are_its_splits(tmp_path):
     with pytest.raises(DataError) as e:
         load(DataSource(str(tmp_path / "data"), split="validation"))
     assert e.value.problems[0].startswith(f"SFT_DATASET: {tmp_path / 'data'}: no split 'validation'")
+    write(tmp_path / "data" / "more.jsonl", rows("text", 3))  # datasets would silently leave it out
+    with pytest.raises(DataError) as e:
+        load(DataSource(str(tmp_path / "data")))
+    assert e.value.problems == [f"SFT_DATASET: {tmp_path / 'data'}: datasets reads only its files named for splits "
+                                "(train, test, ...), and would leave out 1: more.jsonl: name every file for its "
+                                "split, or none"]
 
 
 def test_a_single_file_is_the_split_train(tmp_path):

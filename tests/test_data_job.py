@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 MARKED = DEMO_MODEL.parent / "chatml-assistant-mask.jinja"
 STEPS, EVAL_EVERY = 4, 3  # evaluations at step 3 and, the last step not a multiple, at 4
-JOB = dict(probe_steps=2, max_steps=STEPS, save_steps=STEPS, eval_steps=EVAL_EVERY, logging_steps=1, max_length=128,
+JOB = dict(probe_steps=3, max_steps=STEPS, save_steps=STEPS, eval_steps=EVAL_EVERY, logging_steps=1, max_length=128,
            micro_batch=1, precision="fp32", learning_rate=2e-3, seed=0)
 
 

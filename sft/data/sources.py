@@ -67,11 +67,27 @@ def load(source: DataSource, var: str = "SFT_DATASET") -> Dataset:
         path = Path(source.path).expanduser()
         if kind == "file":
             return datasets.load_dataset(LOADERS[path.suffix], data_files=str(path), split=source.split)
+        if unread := _unread(path):
+            raise DataError([f"{label}: datasets reads only its files named for splits (train, test, ...), and "
+                             f"would leave out {len(unread)}: {', '.join(p.name for p in unread[:3])}"
+                             f"{' ...' if len(unread) > 3 else ''}: name every file for its split, or none"])
         return datasets.load_dataset(str(path), split=source.split)  # datasets names the splits from the files
     except DataError:
         raise
     except Exception as e:  # datasets raises many kinds: each becomes one line a user can act on
         raise DataError(_why(e, source, kind, label, var)) from None
+
+
+def _unread(folder: Path) -> list[Path]:
+    """Data files of a folder that datasets' split naming leaves out: once one file is named for a split, the
+    others are silently not read."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    splits = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    read = {Path(f).resolve() for files in splits.values() for f in files}
+    hidden = (".", "__")  # datasets skips these files and folders too
+    return sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.resolve() not in read
+                  and not any(part.startswith(hidden) for part in p.relative_to(folder).parts))
 
 
 def _saved(source: DataSource, label: str) -> Dataset:
