@@ -75,7 +75,7 @@ def probe() -> None:
 
 @cli.command()
 def config() -> None:
-    """Print the resolved settings, every decision and the DeepSpeed JSON the Trainer will use, "auto" filled."""
+    """Print the resolved settings, every decision (the data's too) and the DeepSpeed JSON the Trainer will use."""
     from transformers import AutoConfig
 
     from sft.controller import machine
@@ -93,7 +93,8 @@ def config() -> None:
     filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world, AutoConfig.from_pretrained(s.model),
                               max(s.max_steps, 1))
     click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
-                           "ranks": d.ranks.world, "deepspeed": filled}, indent=2))
+                           "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
+                           "deepspeed": filled}, indent=2))
 
 
 def inputs_or_exit(s: Settings, found, data=None):
@@ -139,6 +140,7 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
     from sft.planner import data as data_rules
 
     s = load_settings()
+    deepspeed_logs_to_stderr()
     found = data_or_exit(s, machine.measure(s.output_dir).machine)
     click.echo("\n".join(found.notes))
     _, why = data_rules.loss_mode(s.loss_on, found.facts)

@@ -119,11 +119,13 @@ def test_export_of_a_folder_that_is_not_a_checkpoint(no_settings):
 
 def test_a_model_that_cannot_be_read_is_one_line(tmp_path):
     env = clean_environ(tmp_path)  # offline, nothing cached
+    env["SFT_DATASET"] = str(DEMO_DATA)
     result = entrypoint(env, tmp_path, "config")
     one_clear_line(result)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: SFT_MODEL='Qwen/Qwen3-8B': cannot read its config.json (")
+    assert last.startswith("  - SFT_MODEL='Qwen/Qwen3-8B': cannot load its tokenizer (")
+    assert last.endswith("): check the name or path, the network, and HF_HUB_OFFLINE")
 
 
 # -- the tiny model with auto settings, and with the user's own DeepSpeed file -----------------

@@ -45,9 +45,9 @@ def read(s: Settings, ranks: Ranks) -> Found:
     problems: list[str] = []
     train, loaded = _sources([_source(s, e) for e in parse(s.dataset)], "SFT_DATASET", problems)
     shape = _one_shape(loaded, train, "SFT_DATASET", problems)
+    tok = _tokenizer(s, shape, problems)
     if shape is None:
         raise DataError(problems)
-    tok = _tokenizer(s, shape, problems)
     facts = DataFacts(shape.name, shape.conversational, shape.prompt_completion, tuple(train),
                       marks_assistant=_marks(tok, s))
     try:
@@ -117,7 +117,7 @@ def _row_problems(sources: list[DataSource], loaded: list, shape: shapes.Shape, 
     return found
 
 
-def _tokenizer(s: Settings, shape: shapes.Shape, problems: list[str]):
+def _tokenizer(s: Settings, shape: shapes.Shape | None, problems: list[str]):
     """The model's tokenizer with SFT_CHAT_TEMPLATE, as the ranks will have it (None: a problem says why)."""
     from ..data.tokens import tokenizer
     from .inputs import model_revision
@@ -126,9 +126,10 @@ def _tokenizer(s: Settings, shape: shapes.Shape, problems: list[str]):
         tok = tokenizer(s.model, model_revision(s), s.chat_template)
     except Exception as e:  # not found, offline and not cached, a template model without a tokenizer
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        problems.append(f"SFT_MODEL={s.model!r}: cannot load its tokenizer ({why})")
+        problems.append(f"SFT_MODEL={s.model!r}: cannot load its tokenizer ({why}): check the name or path, the "
+                        "network, and HF_HUB_OFFLINE")
         return None
-    if shape.conversational and not tok.chat_template:
+    if shape is not None and shape.conversational and not tok.chat_template:
         problems.append(f"SFT_MODEL={s.model!r}: its tokenizer has no chat template, and the data is {shape.name}: "
                         "set SFT_CHAT_TEMPLATE to a .jinja file or a model to take the template from")
     return tok
