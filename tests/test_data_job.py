@@ -4,11 +4,11 @@ DeepSpeed through the real launcher, on the demo model.
 Every shape TRL trains on, each from a local file and a folder in one mixture, each loss mode, and
 evaluation under every ZeRO stage (and offload):
 
-    run        data (a mixture: a file and a folder)                       loss        ZeRO        evaluation
-    messages   .jsonl (system turns in a third) + a folder of .jsonl       assistant   3           10% held out
-    conv_pc    .parquet + a folder of .parquet, x0.5                       completion  2, unpacked SFT_EVAL_DATASET .json
-    std_pc     .csv + a folder of train.csv/test.csv                       auto        1           the folder's test split
-    text       .json + a save_to_disk DatasetDict                          all         3-offload   its test split, unpacked
+    run       data (a mixture of a file and a folder)            loss        ZeRO              evaluation
+    messages  .jsonl (a third with a system turn) + .jsonl folder  assistant   3                 10% held out
+    conv_pc   .parquet + a .parquet folder x0.5                  completion  2 (unpacked)      SFT_EVAL_DATASET
+    std_pc    .csv + a folder of train.csv and test.csv          auto        1                 the folder's test
+    text      .json + a save_to_disk DatasetDict                 all         3-offload (unp.)  its test split
 
 and a Hub dataset (SFT_DATASET_CONFIG, SFT_DATASET_REVISION, SFT_EVAL_SPLIT) and model (its main branch,
 resolved to a commit) from the local Hub server (tests/hubserver/), whose model card records the commits.
