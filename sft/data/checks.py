@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 ROLES = ("system", "user", "assistant", "tool")
 SHOWN = 3  # row numbers named per problem
-CHUNK = 1000  # rows tokenised at a time by the checks that need tokens
+FIRST_CHUNK, LAST_CHUNK = 64, 4096  # rows tokenised at a time by the checks that need tokens, doubling
 
 
 def rows_named(rows: list[int]) -> str:
@@ -108,6 +108,14 @@ def shapes_differ(shapes: dict[str, Shape], var: str) -> list[str]:
     return [f"{var}: the sources have different shapes ({listed}): mix sources of one shape"]
 
 
+def chunks(rows: int):
+    """(start, stop) of the rows to tokenise in turn: few first, since the first usually settle a check."""
+    start, size = 0, FIRST_CHUNK
+    while start < rows:
+        yield start, min(start + size, rows)
+        start, size = start + size, min(size * 2, LAST_CHUNK)
+
+
 def too_few_rows(rows: int, needed: int, per_step: str, label: str) -> list[str]:
     """Unpacked: one optimizer step takes `needed` rows."""
     if rows >= needed:
@@ -122,8 +130,8 @@ def too_few_packed(dataset: Dataset, labeller: Labeller, needed: int, per_step: 
     from .tokens import in_memory
 
     tokens = 0
-    for start in range(0, len(dataset), CHUNK):
-        tokens += sum(labeller.lengths(in_memory(dataset, start, start + CHUNK)))
+    for start, stop in chunks(len(dataset)):
+        tokens += sum(labeller.lengths(in_memory(dataset, start, stop)))
         if tokens >= needed * labeller.max_length:
             return []
     packed = len(labeller.prepare(in_memory(dataset, 0, len(dataset)), packing=True))
@@ -140,8 +148,8 @@ def all_too_long(dataset: Dataset, labeller: Labeller, label: str) -> tuple[list
     from .tokens import in_memory
 
     limit, lengths = labeller.max_length, []
-    for start in range(0, len(dataset), CHUNK):
-        lengths += labeller.lengths(in_memory(dataset, start, start + CHUNK))
+    for start, stop in chunks(len(dataset)):
+        lengths += labeller.lengths(in_memory(dataset, start, stop))
         if min(lengths) <= limit:
             over = sum(n > limit for n in lengths)
             note = (f"{label}: {over} of the first {len(lengths)} rows are longer than SFT_MAX_LENGTH={limit} "
