@@ -54,13 +54,11 @@ class Settings:
     model_revision: str | None = _setting(None, "The Hub model's branch, tag or commit; resolved to a commit at start "
                                           "and recorded in the summary and the model card.")
     dataset: str = _setting("trl-lib/Capybara", "Training data: a Hub name, a local .jsonl/.json/.parquet/.csv "
-                            "file, a folder of them, or a folder written by datasets' save_to_disk. Several, "
-                            "comma-separated, make a mixture; each may end in :ROWS (that many rows drawn from it) "
-                            "or :WEIGHT (a number with a decimal point: 0.5 takes half its rows, 2.0 each twice). "
-                            "Shapes: messages, prompt/completion (strings or messages), text (see Bring your data).")
-    dataset_split: str = _setting("train", "Split to train on, for local data too: a folder's files named train.*, "
-                                  "test.* are its splits, a single file is the split train; slices such as "
-                                  "train[:1000] work.")
+                            "file or a folder of them, or a save_to_disk folder; several, comma-separated, make a "
+                            "mixture, each optionally ending in :ROWS (rows drawn from it) or :WEIGHT (with a decimal "
+                            "point: 0.5 takes half its rows). Shapes: see Bring your data.")
+    dataset_split: str = _setting("train", "Split to train on, local data too (a file is the split train; a folder's "
+                                  "files named for splits are its splits); slices such as train[:1000] work.")
     dataset_config: str | None = _setting(None, "The Hub dataset's configuration (subset) name.")
     dataset_revision: str | None = _setting(None, "The Hub dataset's branch, tag or commit; resolved to a commit at "
                                             "start and recorded in the summary and the model card.")
