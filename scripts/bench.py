@@ -6,9 +6,12 @@ what users run. Prints tokens/s (non-padding, steady state), MFU, peak memory an
 
 MFU per GPU = tokens/s / GPUs x 6 x N / peak, N = the parameters in a matrix multiplication per token:
 all of them, less the input embedding unless it is tied to the output layer (Qwen3-4B ties it: N = 4.02e9).
-Attention FLOPs are not counted. Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200.
+Peak: 790e12 bf16 FLOP/s, measured on this workplace's H200. "MFU+attn" adds attention's FLOPs per token,
+12 x layers x (heads x head_dim) x c, c the mean causal context of a token: sum(l^2) / (2 sum(l)) over the
+data's conversations, each cut at max_length l (fwd 4 x q_dim x c for QK^T and AV, bwd twice that); packed
+conversations attend only to themselves, so it is their lengths that count, not the row's.
 
-    python scripts/bench.py --model DIR --data FILE [--configs seed,default,...] [--steps 12]
+    python scripts/bench.py --model DIR --data FILE [--configs seed,default,...] [--steps 12] [--set max_length=65536]
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ PEAK_FLOPS = 790e12
 NO_LIGER = dict(liger_kernels="false")
 CONFIGS = {
     "seed": dict(zero_stage="3", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                 attention="sdpa", **NO_LIGER),
+                 attention="sdpa", compile="false", **NO_LIGER),
     "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
-                       attention="sdpa", **NO_LIGER),
+                       attention="sdpa", compile="false", **NO_LIGER),
     "default": dict(),  # the image's defaults, nothing set
     "pack-z2-mb1-ckpt": dict(zero_stage="2", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
                              attention="sdpa", **NO_LIGER),
@@ -51,8 +54,14 @@ CONFIGS = {
                       batch_search="false"),
     "mb4-liger-z1": dict(zero_stage="1", micro_batch=4, grad_accum=1, gradient_checkpointing="false",
                          liger_kernels="true", batch_search="false"),
-    # levers with no setting of their own go through SFT_TRAINER_ARGS, on top of the defaults
-    "compile": dict(trainer_args='{"torch_compile": true}'),
+    "compile": dict(compile="true"),
+    "compile-noliger": dict(compile="true", liger_kernels="false"),
+    # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
+    "default-nocompile": dict(compile="false"),
+    # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
+    "compile-layers": dict(compile="true", env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
+    # twice the tokens per optimizer step: the step's fixed cost spread over twice the work
+    "default-ga2": dict(micro_batch=4, grad_accum=2, batch_search="false"),
 }
 
 
@@ -68,11 +77,32 @@ def matmul_params(model: str) -> int:
     return total if cfg.tie_word_embeddings else total - m.get_input_embeddings().weight.numel()
 
 
-def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict) -> dict:
-    """`entrypoint.py probe` with these SFT_* settings into WORK/NAME; its probe.json figures."""
+def attention_flops_per_token(model: str, data: str, max_length: int, sample: int = 400) -> float:
+    """12 x layers x q_dim x mean causal context, over the first `sample` conversations (see the docstring)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg, tok = AutoConfig.from_pretrained(model), AutoTokenizer.from_pretrained(model)
+    lengths = []
+    with open(data) as f:
+        for line, _ in zip(f, range(sample)):
+            ids = tok.apply_chat_template(json.loads(line)["messages"], tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            lengths.append(min(len(ids), max_length))
+    context = sum(n * n for n in lengths) / (2 * sum(lengths))
+    q_dim = cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    return 12 * cfg.num_hidden_layers * q_dim * context
+
+
+def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict,
+              profile_step: int = 0) -> dict:
+    """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
+    probe.json figures, and with profile_step the profile of that step (sft/ranks/profiling.py)."""
+    settings = dict(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
     env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_PROBE_STEPS=str(steps), SFT_OUTPUT_DIR=str(work / name),
-               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+               HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **settings.pop("env", {}))
+    if profile_step:
+        env["SFTDEV_PROFILE_STEP"] = str(profile_step)
     env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:
@@ -83,8 +113,10 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     used = summary.get("resolved") or {}  # what ran: the batch search's split, auto's checkpointing and Liger
     split = {k: used[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing", "liger_kernels") if k in used}
+    profile = work / name / "run" / "reports" / "profile-rank0.json"
     return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig,
-            "batch_search": summary.get("batch_search")}
+            "batch_search": summary.get("batch_search"), "phases": summary.get("phases"),
+            "profile": json.loads(profile.read_text()) if profile.exists() else None}
 
 
 @click.command()
@@ -95,20 +127,35 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
 @click.option("--steps", default=12, show_default=True, help="Probe steps per configuration.")
 @click.option("--work", default="/tmp/bench", type=click.Path(path_type=Path), help="Scratch folder.")
 @click.option("--gpus", default="all", show_default=True, help="SFT_GPUS for every configuration.")
-def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str) -> None:
+@click.option("--profile-step", default=0, show_default=True, help="Profile this probe step of each configuration "
+              "(0: none): its time by phase and kernel kind. Its synchronisations and the trace's export fall in "
+              "the steady window: profile in a run of its own, not in one whose throughput you report.")
+@click.option("--set", "extra", multiple=True, help="KEY=VALUE: an SFT_ setting for every configuration, e.g. "
+              "max_length=65536.")
+@click.option("--steps-for", multiple=True, help="NAME=STEPS: probe steps for one configuration (e.g. seed=12: "
+              "the seed's steps are 8x slower).")
+def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int,
+         extra: tuple[str, ...], steps_for: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
+    common = dict(kv.split("=", 1) for kv in extra)
+    attn = attention_flops_per_token(model, data, int(common.get("max_length", 2048)))
+    click.echo(f"attention: {attn / 1e9:.2f} GFLOP per token (6N: {6 * n / 1e9:.2f})", err=True)
+    own_steps = {name: int(n) for name, n in (kv.split("=", 1) for kv in steps_for)}
     rows = []
     for name in configs.split(","):
-        row = run_probe(name, model, data, steps, work, settings={**CONFIGS[name], "gpus": gpus})
+        row = run_probe(name, model, data, own_steps.get(name, steps), work,
+                        settings={**CONFIGS[name], "gpus": gpus, **common}, profile_step=profile_step)
         if "tokens_per_second" in row:
             row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
+            row["mfu_attn"] = row["tokens_per_second"] / row["world_size"] * (6 * n + attn) / PEAK_FLOPS
         rows.append(row)
         click.echo(json.dumps(row), err=True)
+        (work / "bench.json").write_text(json.dumps(rows, indent=1))  # after each row: a cut-off run keeps them
     seed = next((r.get("tokens_per_second") for r in rows if r["name"] == "seed"), None)
     click.echo(f"\nN = {n:,} parameters in matmuls per token; peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s")
     click.echo(f"{'config':<26} {'exit':>4} {'stage':>6} {'batch':>6} {'ckpt':>5} {'liger':>5} {'tokens/s':>9} "
-               f"{'MFU/GPU':>7} {'s/step':>7} {'peak GiB':>9} {'x seed':>7}")
+               f"{'MFU/GPU':>7} {'+attn':>6} {'s/step':>7} {'peak GiB':>9} {'x seed':>7}")
     for r in rows:
         tps = r.get("tokens_per_second")
         ratio = f"{tps / seed:.2f}" if tps and seed else "-"
@@ -116,9 +163,11 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str)
         batch = f"{r['micro_batch']}x{r['grad_accum']}" if "micro_batch" in r else "-"
         yes_no = {True: "on", False: "off"}
         click.echo(f"{r['name']:<26} {r['exit']:>4} {r.get('stage', '-'):>6} {batch:>6} "
-                   f"{yes_no.get(r.get('gradient_checkpointing'), '-'):>5} {yes_no.get(r.get('liger_kernels'), '-'):>5} "
+                   f"{yes_no.get(r.get('gradient_checkpointing'), '-'):>5} "
+                   f"{yes_no.get(r.get('liger_kernels'), '-'):>5} "
                    f"{tps or 0:>9.0f} "
-                   f"{r.get('mfu', 0):>7.1%} {r.get('seconds_per_step', 0):>7.2f} {peak:>9.1f} {ratio:>7}")
+                   f"{r.get('mfu', 0):>7.1%} {r.get('mfu_attn', 0):>6.1%} {r.get('seconds_per_step', 0):>7.2f} "
+                   f"{peak:>9.1f} {ratio:>7}")
     for r in rows:
         for t in (r.get("batch_search") or {}).get("tries", []):
             tps = t.get("tokens_per_second")
@@ -126,7 +175,27 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str)
                        f"{'on' if t['gradient_checkpointing'] else 'off'}: " +
                        (f"{tps:.0f} tokens/s, {tps / r['world_size'] * 6 * n / PEAK_FLOPS:.1%} MFU/GPU, peak "
                         f"{max(t.get('peak_reserved_gib') or [0]):.1f} GiB" if tps else t.get("out_of_memory", "-")))
+    for r in rows:
+        click.echo(f"  {r['name']}: {r.get('seconds_to_first_step', '-')} s from start to the first step, "
+                   f"warm-up {r.get('warmup_seconds', '-')} s beyond the steady rate; phases {r.get('phases')}")
+        if r.get("profile"):
+            click.echo(profile_table(r["name"], r["profile"]))
     (work / "bench.json").write_text(json.dumps(rows, indent=1))
+
+
+def profile_table(name: str, p: dict) -> str:
+    """One profiled step by phase: wall seconds, then GPU seconds by kernel kind and idle."""
+    if "error" in p:
+        return f"  {name}: the profile of step {p['profiled_step']} failed: {p['error']}"
+    kinds = sorted({k for phase in ("forward", "backward", "step") for k in p[phase]["kernels_seconds"]})
+    lines = [f"  {name}: step {p['profiled_step']}, {p['wall_seconds']:.3f} s (synchronised at each phase)",
+             f"    {'phase':<9}{'wall':>8}" + "".join(f"{k:>14}" for k in kinds) + f"{'idle':>8}"]
+    for phase in ("forward", "backward", "step"):
+        row = p[phase]
+        lines.append(f"    {phase:<9}{row['wall_seconds']:>8.3f}" + "".join(
+            f"{row['kernels_seconds'].get(k, 0):>14.3f}" for k in kinds) + f"{row['idle_seconds']:>8.3f}")
+    lines += [f"      {s:>7.3f} s  {n[:100]}" for n, s in p["top_kernels_seconds"][:12]]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

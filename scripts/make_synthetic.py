@@ -38,11 +38,11 @@ WORDS = ("purple Spain capital red Chile system Italy after Egypt Nairobi sun pl
          "orange apple green coal France Paris Madrid assistant white blue Kenya").split()
 
 
-def build_model(shape: str, out: Path) -> None:
+def build_model(shape: str, out: Path, max_positions: int = 40960) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1000000,
+    cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=max_positions, rope_theta=1000000,
                       rms_norm_eps=1e-6, dtype="bfloat16", **SHAPES[shape])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -56,8 +56,8 @@ def build_model(shape: str, out: Path) -> None:
     click.echo(f"{shape}: {sum(p.numel() for p in model.parameters()):,} parameters in {out}")
 
 
-def conversation(rng: random.Random, median_tokens: int) -> dict:
-    total = min(int(math.exp(rng.gauss(math.log(median_tokens), 0.8))), 8192)
+def conversation(rng: random.Random, median_tokens: int, spread: float = 0.8, most: int = 8192) -> dict:
+    total = min(int(math.exp(rng.gauss(math.log(median_tokens), spread))), most)
     turns = rng.choice([1, 2, 2, 3, 4])
     messages = []
     for _ in range(turns):
@@ -73,16 +73,21 @@ def conversation(rng: random.Random, median_tokens: int) -> dict:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder to write.")
 @click.option("--conversations", default=2000, help="Rows of chat data.")
 @click.option("--median-tokens", default=900, help="Median tokens per conversation.")
+@click.option("--spread", default=0.8, help="Sigma of the log-normal lengths (0.8: Capybara-like; 0.05: all "
+              "about the median, e.g. long documents that fill a row).")
+@click.option("--max-tokens", default=8192, help="The longest conversation.")
+@click.option("--max-positions", default=40960, help="The model's max_position_embeddings (Qwen3's: 40960).")
 @click.option("--no-model", is_flag=True, help="Only the data.")
-def main(shape: str, out: Path, conversations: int, median_tokens: int, no_model: bool) -> None:
+def main(shape: str, out: Path, conversations: int, median_tokens: int, spread: float, max_tokens: int,
+         max_positions: int, no_model: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     with open(out / "chat.jsonl", "w") as f:
         for _ in range(conversations):
-            f.write(json.dumps(conversation(rng, median_tokens)) + "\n")
+            f.write(json.dumps(conversation(rng, median_tokens, spread, max_tokens)) + "\n")
     click.echo(f"{conversations} conversations in {out / 'chat.jsonl'}")
     if not no_model:
-        build_model(shape, out / shape)
+        build_model(shape, out / shape, max_positions)
 
 
 if __name__ == "__main__":

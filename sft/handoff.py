@@ -91,14 +91,19 @@ class Split(Record):
     micro_batch: int
     grad_accum: int
     gradient_checkpointing: bool
+    offload_activations: bool = False  # the checkpoints kept in host memory, not on the GPU (long rows)
 
     @property
     def rows(self) -> int:
         return self.micro_batch * self.grad_accum
 
+    @property
+    def checkpointing_text(self) -> str:
+        return "offload" if self.offload_activations else "on" if self.gradient_checkpointing else "off"
+
     def text(self) -> str:
         """As the log names it: '4 x 1, checkpointing off'."""
-        return f"{self.micro_batch} x {self.grad_accum}, checkpointing {'on' if self.gradient_checkpointing else 'off'}"
+        return f"{self.micro_batch} x {self.grad_accum}, checkpointing {self.checkpointing_text}"
 
 
 @dataclass(frozen=True)
@@ -167,9 +172,11 @@ class RunSpec(Record):
     bf16: bool
     attention: str
     liger_kernels: bool
+    compile: bool
     micro_batch: int
     grad_accum: int
     gradient_checkpointing: bool
+    offload_activations: bool  # the checkpoints in host memory (TRL's activation_offloading)
     trainer_args: dict[str, Any]  # SFT_TRAINER_ARGS, checked against the arguments the job sets
     node_timeout_seconds: int
     stage: str
@@ -194,6 +201,8 @@ class RankReport(Record):
     world_size: int = 1
     error: str | None = None
     steps: list[list[float]] = field(default_factory=list)  # [step, perf_counter seconds, tokens so far]
+    train_began: float | None = None  # perf_counter when the Trainer began its loop (the first step's start)
+    first_step_wall: float | None = None  # time.time() when the first step ended: start-up as users wait it
     steps_per_epoch: int | None = None
     conversations: int | None = None
     global_step: int | None = None
@@ -237,6 +246,8 @@ class Summary(Record):
     probe: dict[str, Any] | None = None
     train: dict[str, Any] | None = None
     probe_check: dict[str, Any] | None = None
+    started_at: float | None = None  # time.time() when this start of the job began
+    phases: dict[str, float] = field(default_factory=dict)  # seconds spent in each step of the job
     final_loss: float | None = None
     hub: dict[str, Any] | None = None
     data: dict[str, Any] | None = None  # what it trained and evaluated on: shape, sources and commits, rows

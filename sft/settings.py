@@ -13,22 +13,24 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from . import nodes, stages
 from .data import entries as data_entries
 from .data import looks_local
+from .settings_data import TrainedOn
+from .settings_data import setting as _setting
 
 PREFIX = "SFT_"
 STAGES = ("auto", *stages.NAMES)
 LAUNCHERS = ("torchrun", "deepspeed")
 ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager")
 SWITCH = ("auto", "true", "false")
+CHECKPOINTING = (*SWITCH, "offload")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
-LOSS_ON = ("auto", "all", "assistant", "completion")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
@@ -42,39 +44,10 @@ ECOSYSTEM_VARS = {
 }
 
 
-def _setting(default: Any, help: str, **meta: Any) -> Any:
-    return field(default=default, metadata={"help": help, **meta})
-
-
 @dataclass(frozen=True, kw_only=True)
-class Settings:
-    """Everything a run needs, as resolved from the environment."""
+class Settings(TrainedOn):
+    """Everything a run needs, as resolved from the environment (what is trained on: TrainedOn's fields)."""
 
-    model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
-    model_revision: str | None = _setting(None, "The Hub model's branch, tag or commit; resolved to a commit at start "
-                                          "and recorded in the summary and the model card.")
-    dataset: str = _setting("trl-lib/Capybara", "Training data: a Hub name, a local .jsonl/.json/.parquet/.csv "
-                            "file or a folder of them, or a save_to_disk folder; several, comma-separated, make a "
-                            "mixture, each optionally ending in :ROWS (rows drawn from it) or :WEIGHT (with a decimal "
-                            "point: 0.5 takes half its rows). Shapes: see Bring your data.")
-    dataset_split: str = _setting("train", "Split to train on, local data too (a file is the split train; a folder's "
-                                  "files named for splits are its splits); slices such as train[:1000] work.")
-    dataset_config: str | None = _setting(None, "The Hub dataset's configuration (subset) name.")
-    dataset_revision: str | None = _setting(None, "The Hub dataset's branch, tag or commit; resolved to a commit at "
-                                            "start and recorded in the summary and the model card.")
-    chat_template: str | None = _setting(None, "A chat template to train with instead of the model's: a .jinja file, "
-                                         "or a model (Hub name or folder) to take it and its special tokens from "
-                                         "(TRL's chat_template_path). final/ is saved with it.")
-    loss_on: str = _setting("auto", "Tokens that carry the loss: all; assistant (the assistant turns of "
-                            "conversations; the chat template must mark them, see SFT_CHAT_TEMPLATE); completion "
-                            "(prompt/completion data). auto: completion for prompt/completion data, all otherwise "
-                            "(TRL's defaults).", choices=LOSS_ON)
-    eval_dataset: str | None = _setting(None, "Evaluation data, as SFT_DATASET (split SFT_EVAL_SPLIT, default train).")
-    eval_split: str | None = _setting(None, "Evaluate on this split: of SFT_EVAL_DATASET, or else of SFT_DATASET.")
-    eval_fraction: float = _setting(0.0, "Or hold out this fraction of the training rows for evaluation (seeded by "
-                                    "SFT_SEED: the same rows on every start); 0: none.", min=0, lt=1)
-    eval_steps: int | None = _setting(None, "Evaluate every this many optimizer steps, and at the end; unset: with "
-                                      "each checkpoint (SFT_SAVE_STEPS).", min=1)
     zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
                                choices=STAGES)
@@ -82,11 +55,19 @@ class Settings:
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
     epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
-    micro_batch: int = _setting(4, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, or "
-                                "conversations with SFT_PACKING=false; the seed's recipe: 1).", min=1)
-    grad_accum: int = _setting(1, "Micro-batches accumulated per optimizer step (the seed's recipe: 4).", min=1)
-    batch_search: str = _setting("auto", "Before the probe, time in short probes the splits of SFT_MICRO_BATCH x "
-                                 "SFT_GRAD_ACCUM rows per step (micro-batch x accumulation) that fit by the planner "
+    tokens_per_step: int = _setting(8192, "Tokens per GPU per optimizer step, as rows of SFT_MAX_LENGTH tokens (at "
+                                    "least one): 8192 is 4 packed rows of 2048, about twice the seed's 4 "
+                                    "conversations. A longer SFT_MAX_LENGTH keeps it (fewer, longer rows), so "
+                                    "raising the length does not multiply the data per step. Used where "
+                                    "SFT_MICRO_BATCH is unset.", min=1)
+    micro_batch: int | None = _setting(None, "Rows per GPU per forward pass (packed rows of SFT_MAX_LENGTH tokens, "
+                                       "or conversations with SFT_PACKING=false; the seed's recipe: 1); unset: "
+                                       "SFT_TOKENS_PER_STEP's rows, split by the batch search.", min=1)
+    grad_accum: int | None = _setting(None, "Micro-batches accumulated per optimizer step (the seed's recipe: 4); "
+                                      "unset: 1, or the rows of SFT_TOKENS_PER_STEP left by SFT_MICRO_BATCH.",
+                                      min=1)
+    batch_search: str = _setting("auto", "Before the probe, time in short probes the splits of the rows per step "
+                                 "(micro-batch x accumulation) that fit by the planner "
                                  "and can be the fastest (with SFT_GRADIENT_CHECKPOINTING=auto: the largest "
                                  "micro-batch without checkpointing against a larger one with it), and keep the "
                                  "fastest: the same rows per step. auto: on GPUs, unless SFT_MICRO_BATCH or "
@@ -104,12 +85,18 @@ class Settings:
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
+    compile: str = _setting("auto", "torch.compile the model (TRL's torch_compile): true, false, or auto: on GPUs, "
+                            "off on CPU. Its first steps compile (the probe counts them); the compiled kernels are "
+                            "cached under SFT_OUTPUT_DIR/run/compile-cache, so a resumed job does not compile again.",
+                            choices=SWITCH)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
-                                           "or auto: off when the planner predicts the stage fits without it, "
-                                           "confirmed by the probe.", choices=SWITCH)
+                                           "offload (checkpoints kept in host memory: long rows), or auto: off "
+                                           "where the planner predicts the stage fits without it, offload where "
+                                           "it fits only that way; confirmed by the probe.", choices=CHECKPOINTING)
     trainer_args: str | None = _setting(None, "JSON object of further SFTConfig arguments under TRL's own names, "
-                                        "for levers the image has no setting for, e.g. {\"torch_compile\": true}. "
-                                        "Arguments the job sets itself are refused, naming the SFT_ variable.")
+                                        "for levers the image has no setting for, e.g. "
+                                        "{\"dataloader_num_workers\": 2}. Arguments the job sets itself are refused, "
+                                        "naming the SFT_ variable.")
     logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
     seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
@@ -212,8 +199,16 @@ def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:
     kind = str(f.type)
-    if "bool" in kind or f.metadata.get("choices") == SWITCH:
-        return _parse_switch(raw, allow_auto="bool" not in kind)
+    choices = f.metadata.get("choices")
+    if "bool" in kind or choices in (SWITCH, CHECKPOINTING):
+        if choices and raw.lower() in choices:
+            return raw.lower()
+        try:
+            return _parse_switch(raw, allow_auto="bool" not in kind)
+        except ValueError:
+            if choices == CHECKPOINTING:
+                raise ValueError("expected auto, true, false or offload") from None
+            raise
     if "int" in kind:
         try:
             value: Any = int(raw)
@@ -294,7 +289,7 @@ def _check_trainer_args(value: str) -> list[str]:
     except json.JSONDecodeError as e:
         return [_bad("SFT_TRAINER_ARGS", shown, f"not JSON ({e})")]
     if not isinstance(args, dict):
-        return [_bad("SFT_TRAINER_ARGS", shown, 'expected a JSON object such as {"torch_compile": true}')]
+        return [_bad("SFT_TRAINER_ARGS", shown, 'expected a JSON object such as {"dataloader_num_workers": 2}')]
     if "hub_token" in args:
         shown = json.dumps({**args, "hub_token": "***"})
     from trl import SFTConfig  # only when the setting is used: TRL takes seconds to import

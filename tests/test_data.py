@@ -227,13 +227,16 @@ def test_too_few_rows_for_one_optimizer_step(tmp_path):
     with pytest.raises(DataError) as e:
         read(tmp_path, dataset=str(path), packing=False, micro_batch=2, grad_accum=2)
     assert e.value.problems == [f"SFT_DATASET: 7 training row(s), and one optimizer step takes 8 (2 rank(s) x "
-                                "micro-batch 2 x accumulation 2): lower SFT_MICRO_BATCH or SFT_GRAD_ACCUM, use "
-                                "fewer GPUs, or bring more rows"]
+                                "micro-batch 2 x accumulation 2): take fewer rows per step (SFT_TOKENS_PER_STEP, "
+                                "or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), use fewer GPUs, or bring more rows"]
     # packed: the 7 short rows fill one row of 2048 tokens, and a step takes 2 x 4 x 1
     with pytest.raises(DataError) as e:
         read(tmp_path, dataset=str(path), max_length=2048, micro_batch=4)
     assert e.value.problems[0].startswith("SFT_DATASET: its 7 training rows (")
     assert "pack into 1 row(s) of SFT_MAX_LENGTH=2048 tokens, and one optimizer step takes 8" in e.value.problems[0]
+    # SFT_TOKENS_PER_STEP's rows (the default: 8192 tokens a GPU, 4 rows of 2048): 2 ranks x 4 x 1 too
+    with pytest.raises(DataError, match="one optimizer step takes 8 .2 rank.s. x micro-batch 4 x accumulation 1."):
+        read(tmp_path, dataset=str(path), max_length=2048, micro_batch=None)
     assert read(tmp_path, dataset=str(path), micro_batch=1, max_length=32).facts.rows == 7  # packs into 2 or more
 
 

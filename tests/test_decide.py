@@ -143,7 +143,10 @@ def test_escalation_turns_checkpointing_on_then_moves_the_stage():
     on, change = decide.escalate(given, d, "the probe ran out of GPU memory")
     assert change == "turning gradient checkpointing on" and on.stage.name == "2"
     assert on.split.gradient_checkpointing and on.row.peak < d.row.peak
-    moved, change = decide.escalate(given, on, "the probe ran out of GPU memory")
+    offloaded, change = decide.escalate(given, on, "the probe ran out of GPU memory")
+    assert change == "offloading the checkpoints to host memory" and offloaded.split.offload_activations
+    assert offloaded.row.activations < on.row.activations and offloaded.row.host > on.row.host
+    moved, change = decide.escalate(given, offloaded, "the probe ran out of GPU memory")
     assert change == "moving to ZeRO 3" and moved.stage.name == "3" and moved.ds_config == stages.shipped_config("3")
     last = Inputs(Settings(zero_stage="3-offload-all", gradient_checkpointing="true"), ONE_H200, Q4)
     assert decide.escalate(last, decide.decide(last), "x") == (None, "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH")
@@ -170,6 +173,34 @@ def test_settings_reach_the_decision_unchanged_where_they_are_explicit():
     assert (d.bf16, d.attention, d.liger, d.launcher) == (False, "sdpa", False, "deepspeed")
     assert split_of(d) == (2, 2, True)
     assert d.reasons["precision"] == "fp32 (SFT_PRECISION)" and d.reasons["launcher"] == "deepspeed (SFT_LAUNCHER)"
+
+
+def test_the_tokens_per_step_stay_when_the_rows_grow_longer():
+    assert split_of(decided(max_length=1024, batch_search="false")) == (8, 1, False)  # 8,192 tokens a step
+    assert decided(max_length=2048).split.rows == 4
+    long = decided(max_length=65536)
+    assert long.split.rows == 1 and "65,536 tokens per GPU per step (SFT_TOKENS_PER_STEP)" in long.reasons["split"]
+    assert decided(tokens_per_step=16384, batch_search="false").split.rows == 8
+    assert split_of(decided(micro_batch=2)) == (2, 1, False)  # set by hand: kept, accumulation 1
+    assert split_of(decided(grad_accum=2, batch_search="false")) == (2, 2, False)  # 4 rows over 2 micro-batches
+
+
+def test_long_rows_fit_by_checkpointing_then_by_offloading_the_checkpoints():
+    at_128k = decided(max_length=131072)
+    assert (at_128k.stage.name, split_of(at_128k), at_128k.split.offload_activations) == ("2", (1, 1, True), False)
+    at_256k = decided(max_length=262144)
+    assert at_256k.stage.name == "2" and at_256k.split.offload_activations
+    assert at_256k.reasons["gradient_checkpointing"].startswith("offload, auto: ZeRO-2 fits only with its checkpoints")
+    assert at_256k.row.host > at_128k.row.host  # the checkpoints now live in host memory, checked against it
+    # the longest row each way of keeping the checkpoints allows, from the same terms as the peak
+    assert 131072 <= at_128k.row.longest_row < 262144 <= at_256k.row.longest_row
+    kept_on_gpu = decided(max_length=262144, gradient_checkpointing="true")  # no offloading: a stage that holds less
+    assert kept_on_gpu.stage.name.startswith("3") and kept_on_gpu.row.fits and not kept_on_gpu.split.offload_activations
+
+
+def test_a_cpu_host_never_offloads_checkpoints():
+    d = decided(shape=TINY, machine=CPU_HOST, gradient_checkpointing="offload")
+    assert d.split.gradient_checkpointing and not d.split.offload_activations
 
 
 # -- the data: which tokens carry the loss, the evaluation (planner/data.py) ---------------------------

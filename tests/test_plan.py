@@ -127,7 +127,8 @@ def test_json_shape():
     sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin", "peak",
              "host"]
     for o in d["options"]:
-        assert set(o) == set(sizes) | {"option", "fits_gpu", "fits_host", "fits", "why"}
+        assert set(o) == set(sizes) | {"option", "fits_gpu", "fits_host", "fits", "why", "longest_row"}
+        assert isinstance(o["longest_row"], int)  # tokens, not GiB
         assert all(isinstance(o[k], float) and o[k] == round(o[k], 2) for k in sizes)
         # the larger of the two phases: the backward's terms, or the optimizer step's
         backward = o["activations"] + o["logits"] + o["buckets"]

@@ -14,10 +14,10 @@ def test_no_variables_gives_the_seed_job_with_fast_settings(isolated_env):
     s = from_env({})
     assert (s.model, s.dataset, s.dataset_split) == ("Qwen/Qwen3-8B", "trl-lib/Capybara", "train")
     assert (s.max_length, s.epochs, s.learning_rate, s.save_steps, s.save_total_limit) == (2048, 1.0, 1e-5, 200, 2)
-    # the seed's micro-batch 1 x accumulation 4 of padded conversations, as 4 packed rows in one pass
-    # (README: Speed)
-    assert (s.packing, s.micro_batch, s.grad_accum, s.attention, s.gradient_checkpointing, s.liger_kernels) == (
-        True, 4, 1, "auto", "auto", "auto")
+    # the seed's micro-batch 1 x accumulation 4 of padded conversations, as 8,192 tokens a step: 4 packed rows
+    # of 2048 (the decision splits them, tests/test_decide.py; docs/speed.md)
+    assert (s.packing, s.tokens_per_step, s.micro_batch, s.grad_accum) == (True, 8192, None, None)
+    assert (s.attention, s.gradient_checkpointing, s.liger_kernels, s.compile) == ("auto", "auto", "auto", "auto")
     assert (s.zero_stage, s.probe_steps, s.max_steps) == ("auto", 50, -1)
 
 
@@ -29,6 +29,9 @@ GOOD = [
     ("SFT_EPOCHS", "0.5", "epochs", 0.5),
     ("SFT_MICRO_BATCH", "4", "micro_batch", 4),
     ("SFT_GRAD_ACCUM", "8", "grad_accum", 8),
+    ("SFT_TOKENS_PER_STEP", "65536", "tokens_per_step", 65536),
+    ("SFT_GRADIENT_CHECKPOINTING", "offload", "gradient_checkpointing", "offload"),
+    ("SFT_GRADIENT_CHECKPOINTING", "yes", "gradient_checkpointing", "true"),
     ("SFT_MAX_LENGTH", "4096", "max_length", 4096),
     ("SFT_LEARNING_RATE", "2e-5", "learning_rate", 2e-5),
     ("SFT_SAVE_STEPS", "50", "save_steps", 50),
@@ -48,8 +51,8 @@ GOOD = [
     ("SFT_HUB_REPO", "alice/qwen3-sft", "hub_repo", "alice/qwen3-sft"),
     ("SFT_NODE_TIMEOUT_SECONDS", "30", "node_timeout_seconds", 30),
     ("SFT_LIGER_KERNELS", "off", "liger_kernels", "false"),
-    ("SFT_TRAINER_ARGS", '{"torch_compile": true, "dataloader_num_workers": 2}', "trainer_args",
-     '{"torch_compile": true, "dataloader_num_workers": 2}'),
+    ("SFT_TRAINER_ARGS", '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}', "trainer_args",
+     '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}'),
 ]
 
 
@@ -67,7 +70,7 @@ BAD = [
     ("SFT_MICRO_BATCH", "0", "expected at least 1"),
     ("SFT_GRAD_ACCUM", "1.5", "expected a whole number"),
     ("SFT_LEARNING_RATE", "fast", "expected a number"),
-    ("SFT_GRADIENT_CHECKPOINTING", "maybe", "expected true or false (1/0, yes/no, on/off), or auto"),
+    ("SFT_GRADIENT_CHECKPOINTING", "maybe", "expected auto, true, false or offload"),
     ("SFT_PACKING", "auto", "expected true or false (1/0, yes/no, on/off)"),
     ("SFT_ATTENTION", "flash", "expected one of auto, flex_attention, sdpa, eager"),
     ("SFT_GPUS", "0,,1", "expected all, or GPU indices such as 0,1,2,3"),
@@ -90,7 +93,7 @@ BAD = [
     ("SFT_NODE_TIMEOUT_SECONDS", "0", "expected at least 1"),
     ("SFT_LIGER_KERNELS", "maybe", "expected true or false (1/0, yes/no, on/off), or auto"),
     ("SFT_TRAINER_ARGS", "{torch_compile: true}", "not JSON"),
-    ("SFT_TRAINER_ARGS", '["torch_compile"]', 'expected a JSON object such as {"torch_compile": true}'),
+    ("SFT_TRAINER_ARGS", '["torch_compile"]', 'expected a JSON object such as {"dataloader_num_workers": 2}'),
     ("SFT_TRAINER_ARGS", '{"torch_compiled": true}', "torch_compiled: unknown argument (did you mean torch_compile?)"),
     ("SFT_TRAINER_ARGS", '{"per_device_train_batch_size": 8}',
      "per_device_train_batch_size is set by the job: use SFT_MICRO_BATCH"),
@@ -210,8 +213,8 @@ def test_every_argument_the_job_sets_is_owned():
     spec = RunSpec(mode="train", model="m", data=DataPlan([DataSource("d")], eval_fraction=0.1, eval_steps=5,
                                                           loss_on="assistant"), max_length=8, packing=True,
                    epochs=1.0, max_steps=-1, learning_rate=1e-5, save_steps=1, save_total_limit=1, logging_steps=1,
-                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, micro_batch=1, grad_accum=1,
-                   gradient_checkpointing=False, trainer_args={}, node_timeout_seconds=60, stage="2",
+                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, compile=False, micro_batch=1, grad_accum=1,
+                   gradient_checkpointing=False, offload_activations=False, trainer_args={}, node_timeout_seconds=60, stage="2",
                    ds_config="", output_dir="o", report_dir="r", stop_file="s", final_dir="f",
                    record=CheckpointRecord("2", 1))
     assert set(job_arguments(spec, on_gpu=False)) <= set(OWNED_ARGS)

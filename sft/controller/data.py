@@ -14,6 +14,7 @@ from ..data import checks, shapes
 from ..data.entries import DataError, looks_local, parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
+from ..planner import rules
 from ..planner.inputs import CannotRun, DataFacts, Ranks
 from ..settings import Settings
 from . import revisions
@@ -187,8 +188,9 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
 
     labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, _trainer_args(s))
     train, evaluation = found.train, found.eval
-    needed = ranks.world * s.micro_batch * s.grad_accum
-    per_step = f"{ranks.world} rank(s) x micro-batch {s.micro_batch} x accumulation {s.grad_accum}"
+    split, _, _ = rules.batch_split(s, None, ranks.on_gpu)  # a batch search keeps its rows per step
+    needed = ranks.world * split.rows
+    per_step = f"{ranks.world} rank(s) x micro-batch {split.micro_batch} x accumulation {split.grad_accum}"
     if s.packing:
         problems = checks.too_few_packed(train, labeller, needed, per_step, "SFT_DATASET")
         notes = []

@@ -33,9 +33,20 @@ def steady_rates(steps: list[list[float]]) -> dict[str, float] | None:
     return {"seconds_per_step": round((t1 - t0) / (s1 - s0), 4), "tokens_per_second": round((n1 - n0) / (t1 - t0), 1)}
 
 
-def figures(reports: list[RankReport], s: Settings, eval_every: int | None = None) -> dict[str, Any]:
-    """Probe figures from the ranks' reports (rank 0 holds the step times); eval_every: the run evaluates
-    every this many steps and at the end (None: it does not)."""
+def warmup_seconds(main: RankReport, rates: dict[str, float] | None) -> float | None:
+    """What the first steps cost beyond the steady rate: compilation, allocator growth, first all-gathers."""
+    if not rates or main.train_began is None:
+        return None
+    skip = min(max(WARMUP_STEPS, len(main.steps) // 10), len(main.steps) - 2)
+    step, at, _ = main.steps[skip - 1]
+    return round(max(at - main.train_began - step * rates["seconds_per_step"], 0.0), 1)
+
+
+def figures(reports: list[RankReport], s: Settings, started_at: float | None = None,
+            eval_every: int | None = None) -> dict[str, Any]:
+    """Probe figures from the ranks' reports (rank 0 holds the step times); started_at: when the job began
+    (time.time()), for the seconds a user waits until the first step; eval_every: the run evaluates every
+    this many steps and at the end (None: it does not)."""
     reports = sorted(reports, key=lambda r: r.rank)
     main = reports[0]
     out: dict[str, Any] = {
@@ -50,7 +61,12 @@ def figures(reports: list[RankReport], s: Settings, eval_every: int | None = Non
     if eval_every and main.eval_seconds_per_batch is not None:
         out.update(eval_every=eval_every, eval_batches=main.eval_batches,
                    eval_seconds_per_batch=main.eval_seconds_per_batch)
-    out.update(steady_rates(main.steps) or {})
+    rates = steady_rates(main.steps)
+    out.update(rates or {})
+    if (warmup := warmup_seconds(main, rates)) is not None:
+        out["warmup_seconds"] = warmup
+    if started_at is not None and main.first_step_wall is not None:
+        out["seconds_to_first_step"] = round(main.first_step_wall - started_at, 1)
     out.update(projection(out, s))
     return out
 
@@ -60,7 +76,8 @@ def projection(fig: dict[str, Any], s: Settings) -> dict[str, Any]:
     if "seconds_per_step" not in fig or not fig.get("steps_per_epoch"):
         return {}
     total = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"])
-    hours = total * fig["seconds_per_step"] / 3600
+    # the training launch pays the warm-up again, less what the compile cache saves (not counted: the safe side)
+    hours = (total * fig["seconds_per_step"] + fig.get("warmup_seconds", 0)) / 3600
     out: dict[str, Any] = {"total_steps": total}
     if fig.get("eval_every"):
         # every eval_every steps and once more at the end, unless the last step is one of them
@@ -99,6 +116,8 @@ def table(fig: dict[str, Any]) -> str:
         ("ranks", fig.get("world_size")),
         ("tokens/s (non-padding, steady)", fig.get("tokens_per_second", "n/a (too few steps)")),
         ("seconds per step", fig.get("seconds_per_step", "n/a")),
+        ("warm-up seconds (beyond steady)", fig.get("warmup_seconds", "n/a")),
+        ("seconds from start to first step", fig.get("seconds_to_first_step", "n/a")),
         ("peak reserved GiB per rank", ", ".join(f"{g:.2f}" for g in fig["peak_reserved_gib"])),
         ("steps per epoch", fig.get("steps_per_epoch")),
         ("steps to train", fig.get("total_steps", "n/a")),

@@ -27,6 +27,7 @@ from .runs import Runner
 
 def run(s: Settings, probe_only: bool = False) -> int:
     """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says."""
+    started_at = time.time()
     where = nodes.from_env(os.environ)
     facts = machine.measure(s.output_dir, where.nnodes)
     try:
@@ -42,7 +43,7 @@ def run(s: Settings, probe_only: bool = False) -> int:
         return team.follow(Stopper())
     code = exitcodes.FAILED  # an exception here must still release the other nodes
     try:
-        code = Job(s, team, facts).run(probe_only)
+        code = Job(s, team, facts, started_at).run(probe_only)
     finally:
         team.finish(code)
     return code
@@ -51,11 +52,12 @@ def run(s: Settings, probe_only: bool = False) -> int:
 class Job:
     """One start of the job on node 0: its steps in order, and the summary they fill."""
 
-    def __init__(self, s: Settings, team: coordinate.Team, facts: machine.Facts):
+    def __init__(self, s: Settings, team: coordinate.Team, facts: machine.Facts, started_at: float):
         self.s, self.team, self.facts = s, team, facts
         self.paths, self.stopper = Paths(s.output_path), Stopper()
-        self.runner = Runner(s, team, self.paths, self.stopper)
-        self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes)
+        self.runner = Runner(s, team, self.paths, self.stopper, started_at)
+        self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes, started_at=started_at)
+        self._phase_began = started_at
         self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training
         self.data: data.Found | None = None
 
@@ -83,11 +85,14 @@ class Job:
             print(f"error: {e}", flush=True)
             return self._close(e.exit_code, "preflight failed")
         self.facts = machine.measure_links(self.facts, d.ranks)
+        self._phase("start_to_decision")
         if (code := self._preflight(given, d, probe_only)) is not None:
             return self._close(code, "preflight failed", d)
         if self.s.probe_steps > 0 and resume is None:
+            self._phase("preflight")
             outcome = probe.probe(self.runner, given, d, recheck=lambda nxt: self._preflight(given, nxt, probe_only))
             d = self._probed(outcome)
+            self._phase("batch_search_and_probe")
             if outcome.code != exitcodes.DONE or probe_only:
                 return self._close(outcome.code, "probed" if outcome.code == exitcodes.DONE else "probe failed", d)
         elif probe_only:
@@ -141,6 +146,7 @@ class Job:
         started = time.time()
         code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, self.s.max_steps, resume))
         self.summary.train = train = train_results(reports, time.time() - started)
+        self._phase("train")
         if (check := figures.against_run(self.summary.probe or {}, train)) is not None:
             self.summary.probe_check = check
             print(figures.against_run_line(check), flush=True)
@@ -151,6 +157,12 @@ class Job:
                   f"start resumes from the newest", flush=True)
             return self._close(exitcodes.TRAIN_FAILED, "failed", d)
         return self._close(exitcodes.DONE, "done", d)
+
+    def _phase(self, name: str) -> None:
+        """The seconds since the last phase ended, as the summary's record of where the time went."""
+        now = time.time()
+        self.summary.phases[name] = round(now - self._phase_began, 1)
+        self._phase_began = now
 
     def _close(self, code: int, status: str, d: Decision | None = None) -> int:
         """The summary and the loss plot; with a repo, the last uploads. Returns the job's exit code."""
@@ -169,6 +181,8 @@ class Job:
         if self.uploader is not None:
             code = uploads.finish(self.uploader, code, self.paths, summary,
                                   uploads.grace_left(self.s, self.stopper.requested_at))
+            self._phase("final_uploads")
+            summary.save(self.paths.summary)
         print(f"{status}: exit code {code}; summary in {self.paths.summary}", flush=True)
         return code
 

@@ -53,6 +53,11 @@ def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     # torchrun sets 1 when unset, which starves DeepSpeed's CPU Adam under offload: share the cores out.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks.count)))
+    # The compiled kernels (inductor's graphs, Triton's binaries) in the output folder, which outlives the
+    # container: a resumed or re-probed job loads them instead of compiling again.
+    cache = s.output_path.absolute() / "run" / "compile-cache"
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
     if ranks.on_gpu and s.launcher == "torchrun":
         # torchrun numbers the visible GPUs from 0; the deepspeed launcher sets this itself from --include.
         env["CUDA_VISIBLE_DEVICES"] = _visible_devices(ranks.gpus)

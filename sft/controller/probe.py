@@ -92,7 +92,7 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict
     if code != 0 or len(reports) != d.ranks.world or any(r.status != "done" for r in reports):
         print(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above", flush=True)
         raise _Failed(exitcodes.PROBE_FAILED)
-    fig = figures.figures(reports, runner.s, d.data.eval_steps if d.data else None)
+    fig = figures.figures(reports, runner.s, runner.started_at, d.data.eval_steps if d.data else None)
     fig["stage"] = d.stage.name
     return fig, reports
 

@@ -16,8 +16,9 @@ from .output import Paths
 class Runner:
     """Starts the ranks of every node on one RunSpec and collects what they report."""
 
-    def __init__(self, s: Settings, team: Team, paths: Paths, stopper: Stopper):
+    def __init__(self, s: Settings, team: Team, paths: Paths, stopper: Stopper, started_at: float):
         self.s, self.team, self.paths, self.stopper = s, team, paths, stopper
+        self.started_at = started_at  # time.time() when the job began: what a user waits is counted from it
 
     def spec(self, d: Decision, mode: str, output_dir: Path, max_steps: int, resume: Path | None = None) -> RunSpec:
         """The decision as the ranks read it; its DeepSpeed config is written to run/ds_config.json."""
@@ -41,9 +42,9 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         mode=mode, model=s.model, data=d.data, max_length=s.max_length,
         packing=s.packing, epochs=s.epochs, max_steps=max_steps, learning_rate=s.learning_rate,
         save_steps=s.save_steps, save_total_limit=s.save_total_limit, logging_steps=s.logging_steps,
-        seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger,
+        seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger, compile=d.compile,
         micro_batch=d.split.micro_batch, grad_accum=d.split.grad_accum,
-        gradient_checkpointing=d.split.gradient_checkpointing,
+        gradient_checkpointing=d.split.gradient_checkpointing, offload_activations=d.split.offload_activations,
         trainer_args=json.loads(s.trainer_args or "{}"), node_timeout_seconds=s.node_timeout_seconds,
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),

@@ -116,12 +116,15 @@ def chunks(rows: int):
         start, size = start + size, min(size * 2, LAST_CHUNK)
 
 
+FEWER = ("take fewer rows per step (SFT_TOKENS_PER_STEP, or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), use fewer GPUs, "
+         "or bring more rows")
+
+
 def too_few_rows(rows: int, needed: int, per_step: str, label: str) -> list[str]:
     """Unpacked: one optimizer step takes `needed` rows."""
     if rows >= needed:
         return []
-    return [f"{label}: {rows} training row(s), and one optimizer step takes {needed} ({per_step}): lower "
-            "SFT_MICRO_BATCH or SFT_GRAD_ACCUM, use fewer GPUs, or bring more rows"]
+    return [f"{label}: {rows} training row(s), and one optimizer step takes {needed} ({per_step}): {FEWER}"]
 
 
 def too_few_packed(dataset: Dataset, labeller: Labeller, needed: int, per_step: str, label: str) -> list[str]:
@@ -138,8 +141,7 @@ def too_few_packed(dataset: Dataset, labeller: Labeller, needed: int, per_step: 
     if packed >= needed:
         return []
     return [f"{label}: its {len(dataset)} training rows ({tokens} tokens) pack into {packed} row(s) of "
-            f"SFT_MAX_LENGTH={labeller.max_length} tokens, and one optimizer step takes {needed} ({per_step}): lower "
-            "SFT_MICRO_BATCH, SFT_GRAD_ACCUM or SFT_MAX_LENGTH, use fewer GPUs, or bring more rows"]
+            f"SFT_MAX_LENGTH={labeller.max_length} tokens, and one optimizer step takes {needed} ({per_step}): {FEWER}"]
 
 
 def all_too_long(dataset: Dataset, labeller: Labeller, label: str) -> tuple[list[str], str | None]:

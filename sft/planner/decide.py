@@ -23,7 +23,7 @@ from ..units import GIB
 from . import data as data_rules
 from . import rules
 from .inputs import CannotRun, Inputs, Machine, Ranks
-from .plan import Plan, Row, Setup, estimate_row, plan_from_shape
+from .plan import Plan, Row, Setup, estimate_row, longest_row, plan_from_shape
 
 CPU_RANK_MEMORY_GIB = 16.0  # what a CPU rank is planned with when the host's memory is unknown
 
@@ -36,6 +36,7 @@ class Decision:
     bf16: bool
     attention: str
     liger: bool
+    compile: bool
     stage: Stage
     ds_config: Mapping[str, Any]  # the DeepSpeed config the Trainer gets ("auto" left for it to fill)
     split: Split
@@ -60,8 +61,9 @@ class Decision:
     def resolved(self) -> dict[str, Any]:
         """The choices as plain values, for the summary and `config`."""
         return {"ranks": self.ranks.world, "gpus": list(self.ranks.gpus), "precision": "bf16" if self.bf16 else
-                "fp32", "attention": self.attention, "liger_kernels": self.liger, "stage": self.stage.name,
-                "offload": self.offload, "micro_batch": self.split.micro_batch, "grad_accum": self.split.grad_accum,
+                "fp32", "attention": self.attention, "liger_kernels": self.liger, "compile": self.compile,
+                "stage": self.stage.name, "offload": self.offload, "micro_batch": self.split.micro_batch,
+                "grad_accum": self.split.grad_accum,
                 "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
                 "pin_memory": self.pin_memory, "launcher": self.launcher,
                 "predicted_peak_gib": round(self.row.peak / GIB, 2), "model_revision": self.model_revision,
@@ -87,20 +89,17 @@ def decide(inputs: Inputs) -> Decision:
                                                           ", auto: bf16 on GPUs, fp32 on CPU")
     attention, reasons["attention"] = rules.attention(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
-    if record is not None and record.batch is not None:
-        split, searched = record.batch, True
-        reasons["split"] = f"{split.text()}, as the batch search chose it for the checkpoint resumed"
-    else:
-        split = Split(s.micro_batch, s.grad_accum, s.gradient_checkpointing != "false")
-        searched, reasons["split"] = False, (f"{split.micro_batch} x {split.grad_accum} ({split.rows} rows per "
-                                             "step): SFT_MICRO_BATCH x SFT_GRAD_ACCUM")
+    split, searched, reasons["split"] = rules.batch_split(s, record, ranks.on_gpu)
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
-    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, stage=stages.get("1"), ds_config={},
-                 split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
+    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, compile=False, stage=stages.get("1"),
+                 ds_config={}, split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
                  plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _with_stage(inputs, d, *_first_stage(inputs, d))
     if s.gradient_checkpointing == "auto" and not searched:
         d = _auto_checkpointing(inputs, d)
+    elif not searched:
+        why = f"{d.split.checkpointing_text} (SFT_GRADIENT_CHECKPOINTING)"
+        d = _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
     d = _with_search(inputs, d)
     d = _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
     return _with_data(inputs, d)
@@ -119,18 +118,37 @@ def _with_data(inputs: Inputs, d: Decision) -> Decision:
     return _replace(d, data=plan, model_revision=inputs.model_revision, reasons={**reasons, **why})
 
 
-def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str]:
+def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str, Split]:
+    """The stage (and how checkpoints are kept) of a first start: the user's, the checkpoint's, or the
+    first in stages.PREFERENCE that fits, its checkpoints on the GPU if they fit, else in host memory."""
     source = rules.stage_source(inputs)
     if inputs.user_config is not None:
         stage = stages.of_config(inputs.user_config)
-        return stage, inputs.user_config, f"{stage.label}, as your DeepSpeed file says (SFT_DS_CONFIG)"
-    if source is not None:
+        config, why = inputs.user_config, f"{stage.label}, as your DeepSpeed file says (SFT_DS_CONFIG)"
+    elif source is not None:
         name = inputs.record.stage if inputs.record is not None else inputs.settings.zero_stage
-        return stages.get(name), stages.shipped_config(name), f"{stages.get(name).label} ({source})"
-    p = _plan(inputs, d, d.split)
-    if p.choice is None:
+        stage, config, why = stages.get(name), stages.shipped_config(name), f"{stages.get(name).label} ({source})"
+    else:
+        for name in stages.PREFERENCE:
+            stage, config = stages.get(name), stages.shipped_config(name)
+            if (split := _fitting_level(inputs, _replace(d, stage=stage, ds_config=config))) is not None:
+                p = _plan(inputs, d, split)
+                return stage, config, f"auto: {stage.label}, the lowest option that {p.row(name).why}", split
+        p = _plan(inputs, d, _levels(inputs, d)[-1])
         raise CannotRun(f"no ZeRO option fits this machine: {p.reason}", exitcodes.PREFLIGHT, p)
-    return stages.get(p.choice), stages.shipped_config(p.choice), f"auto: {p.reason}"
+    at = _replace(d, stage=stage, ds_config=config)
+    return stage, config, why, _fitting_level(inputs, at) or _levels(inputs, d)[-1]
+
+
+def _fitting_level(inputs: Inputs, d: Decision) -> Split | None:
+    """d's split with the first way of keeping activations the setting allows that fits d's stage."""
+    if inputs.record is not None and inputs.record.batch is not None:
+        return d.split  # the checkpoint's split stands
+    return next((split for split in _levels(inputs, d) if _row(inputs, d, split).fits), None)
+
+
+def _levels(inputs: Inputs, d: Decision) -> tuple[Split, ...]:
+    return rules.levels(inputs.settings, d.split, d.ranks.on_gpu)
 
 
 def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
@@ -141,7 +159,7 @@ def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
     else:  # CPU ranks share the host
         gpu_gib = (host_gib or CPU_RANK_MEMORY_GIB * d.ranks.count) / d.ranks.count
     return Setup(d.ranks.count, gpu_gib, d.ranks.nodes, split.micro_batch, s.max_length,
-                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger)
+                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger, split.offload_activations)
 
 
 def _plan(inputs: Inputs, d: Decision, split: Split) -> Plan:
@@ -152,14 +170,20 @@ def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
     return estimate_row(d.stage, inputs.shape, _setup(inputs, d, split), d.ds_config)
 
 
-def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str) -> Decision:
+def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
+                split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
-    d = _replace(d, stage=stage, ds_config=config, reasons={**d.reasons, "stage": why})
-    return _with_split(inputs, d, d.split)
+    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage)
+    d = _replace(d, stage=stage, ds_config=config, compile=compiled,
+                 reasons={**d.reasons, "stage": why, "compile": why_compile})
+    return _with_split(inputs, d, split or d.split)
 
 
 def _with_split(inputs: Inputs, d: Decision, split: Split) -> Decision:
-    d = _replace(d, split=split, plan=_plan(inputs, d, split), row=_row(inputs, d, split))
+    row = _row(inputs, d, split)
+    row = dataclasses.replace(row, longest_row=longest_row(d.stage, inputs.shape, _setup(inputs, d, split),
+                                                            d.ds_config))
+    d = _replace(d, split=split, plan=_plan(inputs, d, split), row=row)
     pin, why = _pin_memory(inputs.machine, d)
     config = d.ds_config if pin else stages.without_pinned_memory(dict(d.ds_config))
     return _replace(d, pin_memory=pin, ds_config=config, reasons={**d.reasons, "pin_memory": why})
@@ -171,10 +195,13 @@ def _pin_memory(machine: Machine, d: Decision) -> tuple[bool, str]:
 
 def _auto_checkpointing(inputs: Inputs, d: Decision) -> Decision:
     """Recomputing activations costs a third more compute: off where the stage fits without it."""
-    off = dataclasses.replace(d.split, gradient_checkpointing=False)
+    off = dataclasses.replace(d.split, gradient_checkpointing=False, offload_activations=False)
     if _row(inputs, d, off).fits:
         d = _with_split(inputs, d, off)
         why = f"off, auto: {d.stage.label} fits without it ({d.row.peak / GIB:.2f} GiB predicted)"
+    elif d.split.offload_activations:
+        why = (f"offload, auto: {d.stage.label} fits only with its checkpoints in host memory "
+               f"({d.row.peak / GIB:.2f} GiB predicted)")
     else:
         why = f"on, auto: {d.stage.label} does not fit without it"
     return _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
@@ -192,10 +219,11 @@ def _with_search(inputs: Inputs, d: Decision) -> Decision:
         return d
     setting = inputs.settings.gradient_checkpointing
     rows = d.split.rows
+    offload = d.split.offload_activations
     found = rules.batch_candidates(
-        rows, (False, True) if setting == "auto" else (setting == "true",),
-        fits=lambda mb, ckpt: _row(inputs, d, Split(mb, rows // mb, ckpt)).fits_gpu,
-        every=inputs.settings.batch_search == "true")
+        rows, (False, True) if setting == "auto" else (setting != "false",),
+        fits=lambda mb, ckpt: _row(inputs, d, Split(mb, rows // mb, ckpt, ckpt and offload)).fits_gpu,
+        every=inputs.settings.batch_search == "true", offload=offload)
     if len(found) >= 2:
         why = f"times {len(found)} splits of {rows} rows per step: " + "; ".join(f.text() for f in found)
         return _replace(d, search=tuple(found), reasons={**d.reasons, "batch_search": why})
@@ -215,11 +243,14 @@ def adopt(inputs: Inputs, d: Decision, split: Split, why: str) -> Decision:
 def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, str]:
     """After the probe ran out of memory: (the next decision, what changed), or (None, what to try)."""
     s = inputs.settings
-    if s.gradient_checkpointing == "auto" and not d.split.gradient_checkpointing:
-        split = dataclasses.replace(d.split, gradient_checkpointing=True)
+    if s.gradient_checkpointing == "auto" and not d.split.offload_activations and (
+            d.ranks.on_gpu or not d.split.gradient_checkpointing):
+        on = d.split.gradient_checkpointing
+        split = dataclasses.replace(d.split, gradient_checkpointing=True, offload_activations=on)
         d = _with_split(inputs, d, split)
-        change = "turning gradient checkpointing on"
-        return _replace(d, reasons={**d.reasons, "gradient_checkpointing": f"on, auto: {why} without it"}), change
+        change = "offloading the checkpoints to host memory" if on else "turning gradient checkpointing on"
+        level = "offload" if on else "on"
+        return _replace(d, reasons={**d.reasons, "gradient_checkpointing": f"{level}, auto: {why}"}), change
     nxt = stages.next_after(d.stage.name) if d.stage.name in stages.NAMES else None
     if rules.stage_source(inputs) is not None or nxt is None:
         return None, f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"

@@ -39,6 +39,10 @@ MLP_SAVED = 4  # SwiGLU, per intermediate element: gate, silu(gate), up, silu(ga
 LIGER_NORM_SAVED = 1
 LIGER_MLP_SAVED = 3
 CKPT_LIVE_LAYERS = 1  # checkpointing: layers whose full activations exist at once (the one recomputed)
+# Checkpoints offloaded to the host (TRL's activation_offloading): its forward stash keeps 5 tensors alive
+# on the GPU (trl/models/activation_offloading.py, max_fwd_stash_size), and the backward brings each
+# layer's input back just before it is needed; a layer's input is one such tensor.
+OFFLOAD_GPU_LAYERS = 6
 
 # --- Logits. TRL's SFTTrainer computes the loss through a fused LM head (trl/kernels/chunked_logprob)
 # that never builds the [tokens, vocab] logits: it projects [4096 tokens, 32768 vocab] tiles and, in
@@ -123,15 +127,25 @@ def layer_activation_elements(shape: ModelShape, liger: bool = False) -> int:
 
 
 def activation_bytes(shape: ModelShape, micro_batch: int, max_length: int, gradient_checkpointing: bool,
-                     liger: bool = False) -> int:
-    """Activation bytes per GPU at the backward's peak."""
+                     liger: bool = False, offload: bool = False) -> int:
+    """Activation bytes per GPU at the backward's peak (offload: the checkpoints live in host memory)."""
     tokens = micro_batch * max_length
     layer = layer_activation_elements(shape, liger) * tokens * ACT_BYTES
     if not gradient_checkpointing:
         return shape.num_layers * layer
     # each layer keeps only its input; backward recomputes one layer's activations at a time
-    stored_inputs = shape.num_layers * tokens * shape.hidden_size * ACT_BYTES
-    return stored_inputs + CKPT_LIVE_LAYERS * layer
+    kept = min(shape.num_layers, OFFLOAD_GPU_LAYERS) if offload else shape.num_layers
+    return kept * checkpoint_bytes(shape, tokens) + CKPT_LIVE_LAYERS * layer
+
+
+def checkpoint_bytes(shape: ModelShape, tokens: int) -> int:
+    """One layer's checkpoint: its input hidden states."""
+    return tokens * shape.hidden_size * ACT_BYTES
+
+
+def offloaded_activation_bytes(shape: ModelShape, micro_batch: int, max_length: int) -> int:
+    """Host bytes per GPU of the checkpoints offloaded there."""
+    return shape.num_layers * checkpoint_bytes(shape, micro_batch * max_length)
 
 
 def logits_bytes(shape: ModelShape, micro_batch: int, max_length: int, fused: bool = FUSED_LM_HEAD) -> int:

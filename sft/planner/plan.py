@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .. import stages
@@ -16,6 +16,10 @@ from . import memory
 from .shape import ModelShape, model_shape
 
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
+BYTE_FIELDS = ("model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin",
+               "peak", "host")
+LONGEST_ROW_SEARCHED = 4 * 2**20  # tokens: the longest row the plan looks for
+LONGEST_ROW_STEP = 1024  # its resolution
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Setup:
     host_memory_gib: float | None = None  # per node; None: not checked
     grad_accum: int = 1
     liger_kernels: bool = False
+    offload_activations: bool = False  # checkpoints in host memory (with gradient_checkpointing)
 
     @property
     def total_gpus(self) -> int:
@@ -56,10 +61,11 @@ class Row:
     accumulation: int
     margin: int
     peak: int  # states + accumulation + the busier of backward and step + margin
-    host: int  # DeepSpeed's estimate of CPU memory
+    host: int  # host memory per node: DeepSpeed's estimate for offload, and offloaded checkpoints
     fits_gpu: bool
     fits_host: bool | None  # None: not checked (no offload, or the host's memory was not given)
     why: str
+    longest_row: int | None = None  # tokens of one row that still fit, this setup otherwise (plan_from_shape)
 
     @property
     def fits(self) -> bool:
@@ -83,8 +89,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: sizes in GiB (bytes / 2**30, two decimals, like DeepSpeed)."""
-        rows = [{**{k: gib(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                    for k, v in asdict(r).items()}, "fits": r.fits} for r in self.rows]
+        rows = [{**{k: gib(v) if k in BYTE_FIELDS else v for k, v in asdict(r).items()}, "fits": r.fits}
+                for r in self.rows]
         setup = {**asdict(self.setup), "gpu_budget": gib(self.setup.gpu_budget)}
         return {"model": asdict(self.shape), "setup": setup, "options": rows,
                 "choice": self.choice, "reason": self.reason}
@@ -102,7 +108,8 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
     terms = {
         "model_states": gpu,
         "activations": memory.activation_bytes(shape, setup.micro_batch, setup.max_length,
-                                               setup.gradient_checkpointing, setup.liger_kernels),
+                                               setup.gradient_checkpointing, setup.liger_kernels,
+                                               _offloading(setup)),
         "logits": memory.logits_bytes(shape, setup.micro_batch, setup.max_length),
         "buckets": memory.bucket_bytes(stage, shape.hidden_size, zero),
         "optimizer_step": memory.optimizer_step_bytes(stage, shape.total_params, setup.total_gpus, zero),
@@ -113,9 +120,11 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
                   + memory.busiest_phase(stage, backward, terms["optimizer_step"]))
     margin = memory.margin_bytes(unmargined)
     peak = unmargined + margin
+    if _offloading(setup):
+        host += setup.gpus_per_node * memory.offloaded_activation_bytes(shape, setup.micro_batch, setup.max_length)
     fits_gpu = peak <= setup.gpu_budget
     fits_host = None
-    if stage.offload and setup.host_memory_gib is not None:
+    if (stage.offload or _offloading(setup)) and setup.host_memory_gib is not None:
         fits_host = host <= setup.host_memory_gib * GIB
     why = _why(stage, peak, host, fits_gpu, fits_host, setup)
     return Row(option=stage.name, **terms, margin=margin, peak=peak, host=host, fits_gpu=fits_gpu,
@@ -130,9 +139,29 @@ def _why(stage: Stage, peak: int, host: int, fits_gpu: bool, fits_host: bool | N
         return (f"{verdict}{gpu}, but needs {gib(host):.2f} GiB of host RAM per node (DeepSpeed's estimate), "
                 f"{setup.host_memory_gib:g} available")
     why = ("fits: " if fits_gpu else "too big for the GPU: ") + gpu
-    if stage.offload and fits_host is None:
+    if (stage.offload or _offloading(setup)) and fits_host is None:
         why += f"; needs {gib(host):.2f} GiB of host RAM per node; host RAM not given, not checked"
     return why
+
+
+def _offloading(setup: Setup) -> bool:
+    return setup.offload_activations and setup.gradient_checkpointing
+
+
+def longest_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mapping[str, Any],
+                most: int = LONGEST_ROW_SEARCHED) -> int:
+    """The most tokens one row may hold and still fit (one row per pass, this setup otherwise); 0: none.
+    Bisected, since every term grows with the tokens and none shrinks."""
+    def fits(tokens: int) -> bool:
+        return estimate_row(stage, shape, replace(setup, micro_batch=1, max_length=tokens), ds_config).fits
+
+    low, high = 0, most
+    if fits(high):
+        return high
+    while high - low > LONGEST_ROW_STEP:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low // LONGEST_ROW_STEP * LONGEST_ROW_STEP
 
 
 def choose(rows: tuple[Row, ...], setup: Setup) -> tuple[str | None, str]:
@@ -152,7 +181,7 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
                     micro_batch: int = 1, max_length: int = 2048, gradient_checkpointing: bool = True,
                     host_memory_gib: float | None = None,
                     ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1,
-                    liger_kernels: bool = False) -> Plan:
+                    liger_kernels: bool = False, offload_activations: bool = False) -> Plan:
     """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config
     (default: the shipped ones)."""
     problems = [f"{name}={value!r}: expected at least 1" for name, value in
@@ -163,12 +192,20 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
     if problems:
         raise ValueError("; ".join(problems))
     setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
-                  host_memory_gib, grad_accum, liger_kernels)
+                  host_memory_gib, grad_accum, liger_kernels, offload_activations)
     configs = ds_configs or {}
-    rows = tuple(estimate_row(s, shape, setup, configs.get(s.name) or stages.shipped_config(s.name))
-                 for s in stages.TABLE)
+    rows = []
+    for s in stages.TABLE:
+        config = configs.get(s.name) or stages.shipped_config(s.name)
+        rows.append(replace(estimate_row(s, shape, setup, config),
+                            longest_row=longest_row(s, shape, setup, config)))
+    rows = tuple(rows)
     choice, reason = choose(rows, setup)
     return Plan(shape=shape, setup=setup, rows=rows, choice=choice, reason=reason)
+
+
+def _tokens(n: int | None) -> str:
+    return "-" if n is None else f"{n // 1024:,}K" if n >= 1024 else str(n)
 
 
 def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, **kwargs: Any) -> Plan:
@@ -179,7 +216,7 @@ def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, **kwargs: Any) -
 def format_table(p: Plan) -> str:
     """The plan as a table for people."""
     s, m = p.setup, p.shape
-    ckpt = "on" if s.gradient_checkpointing else "off"
+    ckpt = ("offload" if _offloading(s) else "on") if s.gradient_checkpointing else "off"
     host = "not given" if s.host_memory_gib is None else f"{s.host_memory_gib:g} GiB"
     lines = [
         f"{m.name}: {m.total_params:,} parameters, largest layer {m.largest_layer_params:,}",
@@ -189,16 +226,17 @@ def format_table(p: Plan) -> str:
          f"Liger kernels {'on' if s.liger_kernels else 'off'}"),
         "",
         (f"{'GiB per GPU':<19}{'states':>8}{'activ':>8}{'logits':>8}{'buckets':>8}{'step':>7}{'accum':>7}"
-         f"{'margin':>8}{'peak':>8}{'host':>9}  fits"),
+         f"{'margin':>8}{'peak':>8}{'host':>9}{'longest row':>13}  fits"),
     ]
     for r in p.rows:
         fits = "yes" if r.fits else "no (host)" if r.fits_gpu else "no"
         lines.append(f"{stages.get(r.option).label:<19}{gib(r.model_states):>8.2f}{gib(r.activations):>8.2f}"
                      f"{gib(r.logits):>8.2f}{gib(r.buckets):>8.2f}{gib(r.optimizer_step):>7.2f}"
                      f"{gib(r.accumulation):>7.2f}{gib(r.margin):>8.2f}{gib(r.peak):>8.2f}"
-                     f"{gib(r.host):>9.2f}  {fits}")
+                     f"{gib(r.host):>9.2f}{_tokens(r.longest_row):>13}  {fits}")
     lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin",
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
-              "host: DeepSpeed's estimate of CPU memory per node; checked against the host for offload only",
+              "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
+              "longest row: the most tokens one row may hold that still fit, checkpointing as above",
               "", f"choice: {stages.get(p.choice).label if p.choice else 'none'}", p.reason]
     return "\n".join(lines)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from .. import exitcodes
-from ..handoff import Split
+from ..handoff import CheckpointRecord, Split
 from ..settings import Settings
+from ..stages import Stage
 from ..units import GIB
 from .inputs import CannotRun, Inputs, Machine, Ranks
 
@@ -36,6 +38,49 @@ def attention(s: Settings, ranks: Ranks) -> tuple[str, str]:
         return "flex_attention", ("flex_attention, auto on GPUs: its block mask skips the other sequences of a "
                                   "packed row")
     return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
+
+
+def batch_split(s: Settings, record: CheckpointRecord | None, on_gpu: bool) -> tuple[Split, bool, str]:
+    """(the split, whether a batch search chose it, why). Rows per step follow SFT_TOKENS_PER_STEP at this
+    SFT_MAX_LENGTH unless SFT_MICRO_BATCH says; checkpointing as the setting says (auto: on, decided later)."""
+    if record is not None and record.batch is not None:
+        return record.batch, True, f"{record.batch.text()}, as the batch search chose it for the checkpoint resumed"
+    ckpt, offload = s.gradient_checkpointing != "false", s.gradient_checkpointing == "offload" and on_gpu
+    rows = max(1, s.tokens_per_step // s.max_length)
+    tokens = f"{rows} row(s) of {s.max_length} tokens, {rows * s.max_length:,} tokens per GPU per step"
+    if s.micro_batch is not None:
+        accum = s.grad_accum or 1
+        return Split(s.micro_batch, accum, ckpt, offload), False, (
+            f"{s.micro_batch} x {accum}: SFT_MICRO_BATCH" + (" x SFT_GRAD_ACCUM" if s.grad_accum else ""))
+    if s.grad_accum is not None:
+        micro = max(1, rows // s.grad_accum)
+        return Split(micro, s.grad_accum, ckpt, offload), False, (
+            f"{micro} x {s.grad_accum}: SFT_GRAD_ACCUM, and SFT_TOKENS_PER_STEP={s.tokens_per_step} at "
+            f"{s.max_length} tokens a row")
+    return Split(rows, 1, ckpt, offload), False, f"{rows} x 1: {tokens} (SFT_TOKENS_PER_STEP)"
+
+
+def levels(s: Settings, split: Split, on_gpu: bool) -> tuple[Split, ...]:
+    """The ways of keeping activations the setting allows, cheapest first: checkpoints on the GPU, then in
+    host memory (auto, on GPUs: CPU ranks have no GPU memory to save); the setting's own otherwise.
+    (auto's "off" is tried once a stage is chosen.)"""
+    on = replace(split, gradient_checkpointing=True, offload_activations=False)
+    offload = replace(split, gradient_checkpointing=True, offload_activations=on_gpu)
+    return {"auto": (on, offload) if on_gpu else (on,), "true": (on,), "offload": (offload,),
+            "false": (replace(split, gradient_checkpointing=False, offload_activations=False),)}[
+        s.gradient_checkpointing]
+
+
+def compile_model(s: Settings, ranks: Ranks, stage: Stage) -> tuple[bool, str]:
+    if s.compile != "auto":
+        return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
+    if not ranks.on_gpu:
+        return False, "off, auto on CPU: compiling would take longer than a CPU run trains"
+    if stage.zero == 3:
+        # measured only with ZeRO-1/2, whose weights stay whole on each GPU; ZeRO-3 gathers them in hooks
+        return False, f"off, auto with {stage.label}: compiled training measured with ZeRO-1 and 2 only"
+    return True, ("on, auto on GPUs: inductor fuses the elementwise work between the matmuls, and flex attention "
+                  "is built to be compiled")
 
 
 def liger(s: Settings, ranks: Ranks, machine: Machine) -> tuple[bool, str]:
@@ -74,7 +119,7 @@ def pin_memory_rule(memlock_bytes: int | None, offload: bool | None, pinned_byte
 
 
 def batch_candidates(rows: int, checkpointing: tuple[bool, ...], fits: Callable[[int, bool], bool],
-                     every: bool) -> list[Split]:
+                     every: bool, offload: bool = False) -> list[Split]:
     """Splits of `rows` per step worth timing, most rows per pass first, at most BATCH_SEARCH_TRIES. Each
     micro-batch comes with the first checkpointing choice that `fits` (the planner) allows, off before
     on: at the same micro-batch, recomputing only costs time.
@@ -83,11 +128,11 @@ def batch_candidates(rows: int, checkpointing: tuple[bool, ...], fits: Callable[
     checkpointing more rows per pass measured faster every time (docs/speed.md), so of each
     checkpointing choice only its largest micro-batch is kept; what is left to time is a larger
     micro-batch with checkpointing against a smaller one without, which no memory rule decides.
-    every=True: each split that fits."""
+    every=True: each split that fits. offload: checkpoints, where on, are kept in host memory."""
     found: list[Split] = []
     for mb in (m for m in range(rows, 0, -1) if rows % m == 0):
         choice = next((c for c in checkpointing if fits(mb, c)), None)
         if choice is None or (not every and any(f.gradient_checkpointing == choice for f in found)):
             continue
-        found.append(Split(mb, rows // mb, choice))
+        found.append(Split(mb, rows // mb, choice, choice and offload))
     return found[:BATCH_SEARCH_TRIES]

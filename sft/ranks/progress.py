@@ -45,6 +45,9 @@ class ProgressCallback(TrainerCallback):
     def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord):
         self.stop, self.report, self.record, self.trainer = stop, report, record, None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.report.train_began = time.perf_counter()
+
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         # The steps' clock leaves evaluation out, so the run's steady speed compares with the probe's
         self.report.eval_seconds += (metrics or {}).get("eval_runtime", 0.0)
@@ -53,6 +56,8 @@ class ProgressCallback(TrainerCallback):
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
         now = time.perf_counter() - self.report.eval_seconds
         self.report.steps.append([state.global_step, now, int(tokens)])
+        if self.report.first_step_wall is None:
+            self.report.first_step_wall = time.time()
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True

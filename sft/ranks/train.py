@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import evaluation, faults
+from . import evaluation, faults, profiling
 from .progress import ProgressCallback, StopRequest
 
 
@@ -82,10 +82,12 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
-    callback = ProgressCallback(stop, report, spec.record)
+    callbacks = [ProgressCallback(stop, report, spec.record), profiling.callback(spec.report_dir)]
     trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
-                         callbacks=[callback])
-    callback.trainer = trainer
+                         callbacks=[c for c in callbacks if c is not None])
+    for c in callbacks:
+        if c is not None:
+            c.trainer = trainer
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
     batches = len(trainer.get_train_dataloader())
     report.steps_per_epoch = max(math.ceil(batches / spec.grad_accum), 1)

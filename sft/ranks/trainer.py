@@ -21,10 +21,12 @@ OWNED_ARGS = {
     "max_steps": "SFT_MAX_STEPS", "learning_rate": "SFT_LEARNING_RATE", "bf16": "SFT_PRECISION",
     "fp16": "SFT_PRECISION", "activation_checkpointing": "SFT_GRADIENT_CHECKPOINTING",
     "gradient_checkpointing": "SFT_GRADIENT_CHECKPOINTING", "logging_steps": "SFT_LOGGING_STEPS",
+    "activation_offloading": "SFT_GRADIENT_CHECKPOINTING (offload)",
     "logging_first_step": "the job (the probe times every step from the first)",
     "save_strategy": "SFT_SAVE_STEPS", "save_steps": "SFT_SAVE_STEPS", "save_total_limit": "SFT_SAVE_TOTAL_LIMIT",
     "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "the job (it reports to no tracker yet)",
     "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "use_liger_kernel": "SFT_LIGER_KERNELS",
+    "torch_compile": "SFT_COMPILE",
     "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
     "accelerator_config": "the job (the ranks' process group)",
     # the job uploads, and the token stays out of every file (training_args.bin pickles these arguments)
@@ -36,7 +38,7 @@ OWNED_ARGS = {
     # the data: which tokens are learned, the chat template, the evaluation
     "assistant_only_loss": "SFT_LOSS_ON", "completion_only_loss": "SFT_LOSS_ON",
     "chat_template_path": "SFT_CHAT_TEMPLATE", "eval_strategy": "SFT_EVAL_STEPS", "eval_steps": "SFT_EVAL_STEPS",
-    "per_device_eval_batch_size": "SFT_MICRO_BATCH (evaluation batches are as large as training's)",
+    "per_device_eval_batch_size": "the job (evaluation batches are as large as training's micro-batches)",
     "dataset_text_field": "the job (it trains on a 'text' column: rename yours)",
 }
 
@@ -61,6 +63,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         # transformers 5's name; TRL's config still defaults the deprecated alias gradient_checkpointing to True,
         # which transformers then overwrites with this value (and warns about when this one is unset)
         activation_checkpointing=spec.gradient_checkpointing,
+        activation_offloading=spec.offload_activations,
         logging_steps=1 if probe else spec.logging_steps,
         logging_first_step=True,
         save_strategy="no" if probe else "steps",  # a timing run writes no checkpoint
@@ -72,6 +75,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
         ddp_timeout=spec.node_timeout_seconds,
         use_liger_kernel=spec.liger_kernels,  # TRL applies the layer kernels only (its fused LM head stays)
+        torch_compile=spec.compile,  # the Trainer compiles the model once DeepSpeed has wrapped it
         model_init_kwargs={"dtype": torch.bfloat16 if spec.bf16 else torch.float32,
                            "attn_implementation": spec.attention, "revision": spec.model_revision},
         assistant_only_loss=data.loss_on == "assistant",  # TRL masks all but the assistant's turns
