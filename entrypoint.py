@@ -20,7 +20,7 @@ import click
 from sft import exitcodes
 from sft.controller import inputs as checks
 from sft.hub import transport
-from sft.settings import ECOSYSTEM_VARS, Settings, SettingsError, describe, from_env
+from sft.settings import ECOSYSTEM_VARS, Settings, SettingsError, describe, from_env, refusal
 
 
 def _variables_help() -> str:
@@ -52,9 +52,7 @@ def load_settings(finders=()) -> Settings:
         s, problems = e.settings, list(e.problems)
     problems += checks.problems(s, finders)
     if problems:
-        click.echo("error: the settings are not valid; nothing was started:", err=True)
-        for problem in problems:
-            click.echo(f"  - {problem}", err=True)
+        click.echo(refusal("settings are", problems), err=True)
         sys.exit(exitcodes.BAD_SETTINGS)
     return s
 
@@ -136,7 +134,7 @@ def _repo_status_or_exit(repo_id: str, revision: str | None):
 
 @cli.command()
 def config() -> None:
-    """Print the resolved settings, every decision and the DeepSpeed JSON the Trainer will use, "auto" filled."""
+    """Print the resolved settings, every decision (the data's too) and the DeepSpeed JSON the Trainer will use."""
     from transformers import AutoConfig
 
     from sft.controller import machine
@@ -146,26 +144,71 @@ def config() -> None:
 
     deepspeed_logs_to_stderr()  # before the checks, which read a DeepSpeed file with DeepSpeed
     s = load_settings(checks.CONFIG)
-    d = decided_or_exit(inputs_or_exit(s, machine.measure(s.output_dir).machine))
+    found = machine.measure(s.output_dir).machine
+    d = decided_or_exit(inputs_or_exit(s, found, data_or_exit(s, found).facts))
     spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
     args = trainer_arguments(spec, d.ranks.on_gpu, in_rank=False)
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
     filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world, AutoConfig.from_pretrained(s.model),
                               max(s.max_steps, 1))
     click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
-                           "ranks": d.ranks.world, "deepspeed": filled}, indent=2))
+                           "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
+                           "deepspeed": filled}, indent=2))
 
 
-def inputs_or_exit(s: Settings, found):
+def inputs_or_exit(s: Settings, found, data=None):
     """The decision's inputs, or exit with the one-line reason they cannot be read."""
     from sft.controller import inputs
     from sft.planner.inputs import CannotRun
 
     try:
-        return inputs.read(s, found)
+        return inputs.read(s, found, data=data)
     except CannotRun as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
+
+
+def data_or_exit(s: Settings, found):
+    """The data read and checked as the job reads it, or exit 2 listing every problem."""
+    from sft.controller import data
+    from sft.data import DataError
+    from sft.planner import rules
+    from sft.planner.inputs import CannotRun
+
+    try:
+        ranks, _ = rules.choose_ranks(s, found)
+        return data.read(s, ranks)
+    except CannotRun as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except DataError as e:
+        click.echo(refusal("data is", e.problems), err=True)
+        sys.exit(exitcodes.BAD_SETTINGS)
+
+
+@cli.command()
+@click.option("--rows", default=2, show_default=True, help="How many of the first rows to show.")
+@click.option("--tokens", "per_token", is_flag=True, help="One line per token: its id, text, and whether it "
+              "carries the loss.")
+@click.option("--eval", "of_eval", is_flag=True, help="The evaluation rows instead of the training rows.")
+def data(rows: int, per_token: bool, of_eval: bool) -> None:
+    """Check the data as the job does, then show how its first rows are tokenised and which tokens carry the loss."""
+    from sft.controller import machine
+    from sft.data import show
+    from sft.data.tokens import Labeller
+    from sft.planner import data as data_rules
+
+    s = load_settings()
+    deepspeed_logs_to_stderr()
+    found = data_or_exit(s, machine.measure(s.output_dir).machine)
+    click.echo("\n".join(found.notes))
+    _, why = data_rules.loss_mode(s.loss_on, found.facts)
+    click.echo(f"loss on: {why}")
+    shown = found.eval if of_eval else found.train
+    if shown is None:
+        raise click.UsageError("no evaluation rows: set SFT_EVAL_DATASET, SFT_EVAL_SPLIT or SFT_EVAL_FRACTION")
+    labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, json.loads(s.trainer_args or "{}"))
+    click.echo(show.render(shown, labeller, rows, s.packing, per_token))
 
 
 def decided_or_exit(given):

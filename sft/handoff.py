@@ -56,9 +56,12 @@ class Record:
             if f.name not in data:
                 continue
             value, kind = data[f.name], hints[f.name]
-            nested = next((t for t in typing.get_args(kind) or (kind,) if isinstance(t, type)
-                           and issubclass(t, Record)), None)
-            values[f.name] = nested.from_dict(value) if nested and isinstance(value, dict) else value
+            nested = _record_type(kind)
+            if nested and isinstance(value, dict):
+                value = nested.from_dict(value)
+            elif nested and isinstance(value, list):  # list[SomeRecord]
+                value = [nested.from_dict(v) if isinstance(v, dict) else v for v in value]
+            values[f.name] = value
         return cls(**values)
 
     def save(self, path: Path) -> Path:
@@ -69,6 +72,16 @@ class Record:
         """The record in `path`, or None when there is none (missing, torn or not a JSON object)."""
         data = read_json(path)
         return cls.from_dict(data) if isinstance(data, dict) else None  # type: ignore[attr-defined]
+
+
+def _record_type(kind: Any) -> type | None:
+    """The Record class in a field's type: X, X | None, list[X] (None: no Record in it)."""
+    for t in typing.get_args(kind) or (kind,):
+        if isinstance(t, type) and issubclass(t, Record):
+            return t
+        if typing.get_origin(t) is list:
+            return _record_type(t)
+    return None
 
 
 @dataclass(frozen=True)
@@ -107,13 +120,48 @@ class CheckpointRecord(Record):
 
 
 @dataclass(frozen=True)
+class DataSource(Record):
+    """One source of rows, as the ranks load it: a local file or folder, a save_to_disk folder, a Hub dataset."""
+
+    path: str  # as written in SFT_DATASET / SFT_EVAL_DATASET: a local path or a Hub name
+    split: str = "train"
+    config: str | None = None  # a Hub dataset's configuration (SFT_DATASET_CONFIG)
+    revision: str | None = None  # a Hub dataset's commit, resolved at start; None: local, or unresolved offline
+    rows: int | None = None  # draw this many rows (seeded; more than it holds repeats rows)
+    weight: float | None = None  # or scale its rows by this
+
+    def text(self) -> str:
+        """As the log names it: 'org/name (config x, split test, @abc1234), 200 rows'."""
+        extra = [f"config {self.config}" if self.config else "", f"split {self.split}" if self.split != "train"
+                 else "", f"@{self.revision[:12]}" if self.revision else ""]
+        inside = ", ".join(e for e in extra if e)
+        amount = f" x{self.weight:g}" if self.weight is not None else f", {self.rows} rows" if self.rows else ""
+        return self.path + (f" ({inside})" if inside else "") + amount
+
+
+@dataclass(frozen=True)
+class DataPlan(Record):
+    """What the ranks train and evaluate on, and which tokens carry the loss (decided by planner/data.py)."""
+
+    train: list[DataSource]
+    eval: list[DataSource] = field(default_factory=list)  # SFT_EVAL_DATASET, or SFT_DATASET's eval split
+    eval_fraction: float = 0.0  # rows held out of the training rows instead (seeded: the same on every start)
+    eval_steps: int | None = None  # evaluate every this many steps (and at the end); None: no evaluation
+    loss_on: str = "all"  # all, assistant, completion
+    seed: int = 42  # draws the mixture and the held-out rows
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval) or self.eval_fraction > 0
+
+
+@dataclass(frozen=True)
 class RunSpec(Record):
     """Everything a rank needs, decided: the ranks read nothing else of the controller's."""
 
     mode: str  # "probe" (times steps, saves nothing) or "train"
     model: str
-    dataset: str
-    dataset_split: str
+    data: DataPlan
     max_length: int
     packing: bool
     epochs: float
@@ -144,6 +192,8 @@ class RunSpec(Record):
     report_to: str = "none"  # SFT_REPORT_TO (trackers log in training only, never in a probe)
     run_name: str | None = None
     run_dir: str = ""  # OUTPUT/run: rank 0 appends events.jsonl and rewrites progress.json there
+    model_revision: str | None = None  # the model's commit, resolved at start (None: a local folder)
+    chat_template: str | None = None  # SFT_CHAT_TEMPLATE: TRL's chat_template_path
 
 
 @dataclass
@@ -173,6 +223,10 @@ class RankReport(Record):
     peak_allocated_bytes: int | None = None
     total_bytes: int | None = None  # the GPU's memory (None on CPU)
     alloc_retries: int | None = None  # the caching allocator flushed its cache this often (GPU only)
+    eval_rows: int | None = None  # rows of the evaluation set, as prepared (packed rows when packing)
+    eval_batches: int | None = None  # batches of one evaluation pass on this rank
+    eval_seconds_per_batch: float | None = None  # measured by the probe on a few batches
+    eval_seconds: float = 0.0  # spent evaluating during training (left out of the step times)
 
     @staticmethod
     def path(report_dir: Path, mode: str, rank: int) -> Path:
@@ -206,3 +260,6 @@ class Summary(Record):
     hub: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None  # the budget gate's call: verdict, reason, max_steps, what would fit
     time_limit: dict[str, Any] | None = None  # the deadline and what set it
+    data: dict[str, Any] | None = None  # what it trained and evaluated on: shape, sources and commits, rows
+    model_revision: str | None = None  # the model's commit (None: a local folder)
+    eval: dict[str, Any] | None = None  # the last evaluation: loss and token accuracy, at which step

@@ -13,12 +13,15 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from . import nodes, stages
-from .data import DATA_SUFFIXES, looks_local
+from .data import entries as data_entries
+from .data import looks_local
+from .settings_data import TrainedOn
+from .settings_data import setting as _setting
 
 PREFIX = "SFT_"
 STAGES = ("auto", *stages.NAMES)
@@ -47,18 +50,10 @@ ECOSYSTEM_VARS = {
 }
 
 
-def _setting(default: Any, help: str, **meta: Any) -> Any:
-    return field(default=default, metadata={"help": help, **meta})
-
-
 @dataclass(frozen=True, kw_only=True)
-class Settings:
-    """Everything a run needs, as resolved from the environment."""
+class Settings(TrainedOn):
+    """Everything a run needs, as resolved from the environment (what is trained on: TrainedOn's fields)."""
 
-    model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
-    dataset: str = _setting("trl-lib/Capybara", "Dataset: a Hub name, or a local .jsonl/.json/.parquet file or "
-                            "folder, conversational (a 'messages' column).")
-    dataset_split: str = _setting("train", "Split of the dataset to train on.")
     zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
                                choices=STAGES)
@@ -171,6 +166,11 @@ class SettingsError(Exception):
         super().__init__("\n".join(problems))
 
 
+def refusal(what: str, problems: list[str]) -> str:
+    """How a list of problems is shown before exit 2 (settings, data): every one, one line each."""
+    return "\n".join([f"error: the {what} not valid; nothing was started:", *(f"  - {p}" for p in problems)])
+
+
 def env_name(name: str) -> str:
     return PREFIX + name.upper()
 
@@ -272,6 +272,8 @@ def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
         raise ValueError(f"expected at least {meta['min']}")
     if "gt" in meta and not value > meta["gt"]:
         raise ValueError(f"expected more than {meta['gt']}")
+    if "lt" in meta and not value < meta["lt"]:
+        raise ValueError(f"expected less than {meta['lt']}")
 
 
 def _bad(var: str, value: Any, message: str) -> str:
@@ -287,7 +289,7 @@ def check(s: Settings) -> list[str]:
     if s.max_steps == 0:
         problems.append(_bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
     problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
-    problems += _check_source("SFT_DATASET", s.dataset, expect_dir=False)
+    problems += data_entries.settings_problems(s)
     if s.ds_config is not None:
         problems += _check_ds_config(s)
     if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
@@ -349,8 +351,6 @@ def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
         return [_bad(var, value, "no such file or folder")]
     if expect_dir and not (path / "config.json").is_file():
         return [_bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
-    if not expect_dir and path.is_file() and path.suffix not in DATA_SUFFIXES:
-        return [_bad(var, value, f"expected a {', '.join(DATA_SUFFIXES)} file or a folder of them")]
     return []
 
 

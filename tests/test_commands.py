@@ -1,7 +1,9 @@
 """Every subcommand as a user runs it: with no SFT_ variable at all (the image's defaults), and with a
 DeepSpeed file of their own (the seed guide's ds_zero3_offload.json). Each ends with its answer or one
 clear line, never a traceback. The default model, Qwen/Qwen3-8B, is its real config.json placed in the
-Hugging Face cache, as a machine that had read it once holds it: no network here."""
+Hugging Face cache, as a machine that had read it once holds it: no network here; so are a tokenizer
+for it (the demo's, standing in) and the default dataset trl-lib/Capybara (conversations like the
+demo's, loaded once from the local Hub server)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from transformers import Qwen3Config
 
 from conftest import DEMO_DATA, DEMO_MODEL, REPO, clean_environ, read_summary
+from data_fixtures import cache_hub_dataset, rows
 
 QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
@@ -34,6 +37,8 @@ def cached_default_model(hf_home: Path) -> None:
     repo = hf_home / "hub" / "models--Qwen--Qwen3-8B"
     commit = "0" * 40
     Qwen3Config(**QWEN3_8B).save_pretrained(repo / "snapshots" / commit)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):  # the data step reads them
+        (repo / "snapshots" / commit / name).write_bytes((DEMO_MODEL / name).read_bytes())
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
 
@@ -43,6 +48,7 @@ def no_settings(tmp_path) -> tuple[dict[str, str], Path]:
     """No SFT_ variable at all; the default model cached; a working folder for the default output/."""
     env = clean_environ(tmp_path)
     cached_default_model(Path(env["HF_HOME"]))
+    cache_hub_dataset(Path(env["HF_HOME"]), "trl-lib/Capybara", rows("messages", 300))
     work = tmp_path / "work"
     work.mkdir()
     return env, work
@@ -113,6 +119,7 @@ def test_export_of_a_folder_that_is_not_a_checkpoint(no_settings):
 
 def test_a_model_that_cannot_be_read_is_one_line(tmp_path):
     env = clean_environ(tmp_path)  # offline, nothing cached
+    env["SFT_DATASET"] = str(DEMO_DATA)
     result = entrypoint(env, tmp_path, "config")
     one_clear_line(result)
     assert result.returncode == 2

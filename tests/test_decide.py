@@ -4,13 +4,15 @@ Pure: no file, no GPU, no rank is started."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
 from sft import exitcodes, stages
-from sft.handoff import CheckpointRecord, Split
+from sft.handoff import CheckpointRecord, DataPlan, DataSource, Split
+from sft.planner import data as data_rules
 from sft.planner import decide, disk, restart
-from sft.planner.inputs import GPU, CannotRun, Inputs, Machine
+from sft.planner.inputs import GPU, CannotRun, DataFacts, Inputs, Machine
 from sft.planner.shape import ModelShape
 from sft.settings import Settings
 
@@ -351,3 +353,75 @@ def test_the_budget_caps_the_steps_and_a_resume_keeps_the_cap():
     resumed = decided(record=record)
     assert resumed.max_steps == 480 and "as the budget capped them for the checkpoint resumed" in \
         resumed.reasons["max_steps"]
+
+
+# -- the data: which tokens carry the loss, the evaluation (planner/data.py) ---------------------------
+
+MESSAGES = DataFacts("conversational language modeling", True, False, (DataSource("chat.jsonl"),), rows=512)
+CONV_PC = DataFacts("conversational prompt-completion", True, True, (DataSource("pc.parquet"),), rows=512)
+STANDARD_PC = DataFacts("standard prompt-completion", False, True, (DataSource("pc.csv"),), rows=512)
+TEXT = DataFacts("standard language modeling", False, False, (DataSource("org/text", revision="a" * 40),), rows=512)
+
+
+@pytest.mark.parametrize("asked,facts,mode,why", [
+    ("auto", MESSAGES, "all", "all tokens, auto: conversational language modeling data learns every token"),
+    ("auto", TEXT, "all", "all tokens, auto: standard language modeling data learns every token"),
+    ("auto", CONV_PC, "completion", "completion, auto: prompt/completion data learns its completions"),
+    ("auto", STANDARD_PC, "completion", "completion, auto: prompt/completion data learns its completions"),
+    ("all", STANDARD_PC, "all", "all tokens (SFT_LOSS_ON)"),
+    ("completion", CONV_PC, "completion", "completion (SFT_LOSS_ON)"),
+    ("assistant", dataclasses.replace(MESSAGES, marks_assistant=True), "assistant", "assistant turns only"),
+    ("assistant", dataclasses.replace(CONV_PC, marks_assistant=True), "assistant", "assistant turns only"),
+])
+def test_which_tokens_carry_the_loss(asked, facts, mode, why):
+    assert data_rules.loss_mode(asked, facts)[0] == mode
+    assert data_rules.loss_mode(asked, facts)[1].startswith(why)
+
+
+@pytest.mark.parametrize("asked,facts,message", [
+    ("assistant", TEXT, "SFT_LOSS_ON=assistant needs conversations, and this data is standard language modeling"),
+    ("assistant", dataclasses.replace(MESSAGES, marks_assistant=False),
+     "the model's chat template cannot mark the assistant's tokens"),
+    ("completion", MESSAGES, "SFT_LOSS_ON=completion needs prompt/completion data, and this data is conversational"),
+    ("completion", TEXT, "SFT_LOSS_ON=completion needs prompt/completion data"),
+])
+def test_a_loss_the_data_cannot_have_is_a_settings_error(asked, facts, message):
+    with pytest.raises(CannotRun) as e:
+        data_rules.loss_mode(asked, facts)
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS and message in str(e.value)
+    if "chat template" in message:
+        assert "set SFT_CHAT_TEMPLATE" in str(e.value)  # the fix is named
+
+
+def test_evaluation_comes_from_one_place_with_its_reason():
+    train = list(TEXT.train)
+    assert data_rules.evaluation(Settings(), train) == (
+        [], 0.0, "none (SFT_EVAL_DATASET, SFT_EVAL_SPLIT and SFT_EVAL_FRACTION unset)")
+    sources, fraction, why = data_rules.evaluation(Settings(eval_fraction=0.1, seed=7), train)
+    assert (sources, fraction) == ([], 0.1) and "seed 7: the same rows on every start" in why
+    sources, fraction, why = data_rules.evaluation(Settings(eval_split="test"), train)
+    assert sources == [DataSource("org/text", "test", revision="a" * 40)] and fraction == 0.0
+    assert why == "the 'test' split of SFT_DATASET (SFT_EVAL_SPLIT), every row"
+    sources, _, why = data_rules.evaluation(Settings(eval_dataset="held.jsonl:100, org/ev:0.5"), train)
+    assert sources == [DataSource("held.jsonl", rows=100), DataSource("org/ev", weight=0.5)]
+    assert why == "SFT_EVAL_DATASET, split 'train'"
+
+
+def test_evaluation_runs_with_each_checkpoint_unless_told_and_at_the_end():
+    assert data_rules.eval_every(Settings(save_steps=200), True) == (
+        200, "every 200 steps, with each checkpoint (SFT_SAVE_STEPS), and at the end")
+    every = (25, "every 25 steps (SFT_EVAL_STEPS) and at the end")
+    assert data_rules.eval_every(Settings(eval_steps=25), True) == every
+    assert data_rules.eval_every(Settings(eval_steps=25), False) == (None, "")
+
+
+def test_the_decision_carries_the_data_plan_and_the_models_commit():
+    given = Inputs(Settings(eval_fraction=0.05, eval_steps=10, model_revision="v1"), ONE_H200, Q4,
+                   data=CONV_PC, model_revision="b" * 40)
+    d = decide.decide(given)
+    assert d.data == DataPlan(train=[DataSource("pc.parquet")], eval_fraction=0.05, eval_steps=10,
+                              loss_on="completion", seed=42)
+    assert d.reasons["loss"].startswith("completion, auto") and d.reasons["evaluation"].endswith("and at the end")
+    assert d.reasons["model"] == f"Qwen/Qwen3-8B at commit {'b' * 40} (SFT_MODEL_REVISION=v1)"
+    assert d.resolved()["loss_on"] == "completion" and d.resolved()["model_revision"] == "b" * 40
+    assert decided().data is None and "loss" not in decided().reasons  # `plan` decides without the data

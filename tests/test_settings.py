@@ -86,7 +86,15 @@ BAD = [
     ("SFT_PRICE_PER_HOUR", "-3", "expected more than 0"),
     ("SFT_MODEL", "./no/such/model", "no such file or folder"),
     ("SFT_MODEL", "not a name!", "neither a local path nor a Hub name"),
-    ("SFT_DATASET", str(DEMO_MODEL / "chat_template.jinja"), "expected a .jsonl, .json, .parquet file"),
+    ("SFT_DATASET", str(DEMO_MODEL / "chat_template.jinja"), "expected a .jsonl, .json, .parquet, .csv file"),
+    ("SFT_DATASET", "a.jsonl:0", "a row count must be at least 1"),
+    ("SFT_DATASET", "a.jsonl,,b.jsonl", "an empty entry"),
+    ("SFT_LOSS_ON", "prompt", "expected one of auto, all, assistant, completion"),
+    ("SFT_EVAL_FRACTION", "1", "expected less than 1"),
+    ("SFT_EVAL_STEPS", "0", "expected at least 1"),
+    ("SFT_EVAL_STEPS", "50", "nothing to evaluate on: set SFT_EVAL_DATASET, SFT_EVAL_SPLIT or SFT_EVAL_FRACTION"),
+    ("SFT_CHAT_TEMPLATE", str(DEMO_MODEL / "config.json"), "expected a .jinja (or .j2) template file, or a model"),
+    ("SFT_CHAT_TEMPLATE", "/no/such.jinja", "no such file or folder"),
     ("SFT_DS_CONFIG", "/nonexistent.json", "no such file"),
     ("SFT_HUB_REPO", "just-a-name", "expected a repo id such as"),
     ("SFT_NODE_TIMEOUT_SECONDS", "0", "expected at least 1"),
@@ -194,8 +202,8 @@ def test_help_lists_every_variable(tmp_path):
 
 def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     env = clean_environ(tmp_path)
-    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_MICRO_BATCH="2", SFT_GRAD_ACCUM="2",
-               SFT_OUTPUT_DIR=str(tmp_path / "out"))
+    env.update(SFT_ZERO_STAGE="3-offload", SFT_MODEL=str(DEMO_MODEL), SFT_DATASET=str(DEMO_DATA), SFT_MICRO_BATCH="2",
+               SFT_GRAD_ACCUM="2", SFT_OUTPUT_DIR=str(tmp_path / "out"))
     result = run_entrypoint(env, "config")
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
@@ -217,10 +225,11 @@ def test_trainer_args_the_job_sets_are_refused(isolated_env, name):
 
 def test_every_argument_the_job_sets_is_owned():
     """The list settings refuses is the list the ranks set: one cannot grow without the other."""
-    from sft.handoff import CheckpointRecord, RunSpec
+    from sft.handoff import CheckpointRecord, DataPlan, DataSource, RunSpec
     from sft.ranks.trainer import OWNED_ARGS, job_arguments
 
-    spec = RunSpec(mode="train", model="m", dataset="d", dataset_split="train", max_length=8, packing=True,
+    spec = RunSpec(mode="train", model="m", data=DataPlan([DataSource("d")], eval_fraction=0.1, eval_steps=5,
+                                                          loss_on="assistant"), max_length=8, packing=True,
                    epochs=1.0, max_steps=-1, learning_rate=1e-5, save_steps=1, save_total_limit=1, logging_steps=1,
                    seed=0, bf16=False, attention="sdpa", liger_kernels=False, compile=False, micro_batch=1,
                    grad_accum=1, gradient_checkpointing=False, offload_activations=False, trainer_args={},

@@ -44,10 +44,11 @@ def warmup_seconds(main: RankReport, rates: dict[str, float] | None) -> float | 
 
 
 def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None = None,
-            started_at: float | None = None) -> dict[str, Any]:
+            started_at: float | None = None, eval_every: int | None = None) -> dict[str, Any]:
     """Probe figures from the ranks' reports (rank 0 holds the step times); `overheads`: what the run spends
-    besides its steps (saves, evaluation, the final model), for the projection; started_at: when the job
-    began (time.time()), for the seconds a user waits until the first step."""
+    besides its steps (saves, the final model), for the projection; started_at: when the job began
+    (time.time()), for the seconds a user waits until the first step; eval_every: the run evaluates every
+    this many steps and at the end (None: it does not)."""
     reports = sorted(reports, key=lambda r: r.rank)
     main = reports[0]
     out: dict[str, Any] = {
@@ -59,6 +60,9 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
     }
     if any(r.alloc_retries is not None for r in reports):
         out["alloc_retries"] = [r.alloc_retries or 0 for r in reports]
+    if eval_every and main.eval_seconds_per_batch is not None:
+        out.update(eval_every=eval_every, eval_batches=main.eval_batches,
+                   eval_seconds_per_batch=main.eval_seconds_per_batch)
     rates = steady_rates(main.steps)
     out.update(rates or {})
     if (warmup := warmup_seconds(main, rates)) is not None:
@@ -70,6 +74,9 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
                    other_hours=round((p.seconds() - p.train_seconds()) / 3600, 3), projected_hours=round(p.hours(), 3))
         if p.price_per_hour:
             out["projected_cost"] = round(p.cost(), 2)
+        passes, evals = eval_seconds(out, p.total_steps)
+        if passes:
+            out.update(eval_passes=passes, projected_eval_hours=round(evals / 3600, 3))
     return out
 
 
@@ -81,8 +88,18 @@ def projection(fig: dict[str, Any], s: Settings, overheads: Overheads, max_steps
         return None
     total = max_steps or (s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"]))
     # the training launch pays the warm-up again, less what the compile cache saves (not counted: the safe side)
+    passes, evals = eval_seconds(fig, total)
     return Projection(total, fig["seconds_per_step"], s.save_steps, overheads.save_seconds, overheads.final_seconds,
-                      overheads.eval_seconds, s.price_per_hour, fig.get("warmup_seconds", 0.0))
+                      evals if passes else overheads.eval_seconds, s.price_per_hour, fig.get("warmup_seconds", 0.0))
+
+
+def eval_seconds(fig: dict[str, Any], total: int) -> tuple[int, float]:
+    """(passes, seconds) of evaluation over `total` steps, from the probe's timed evaluation batches: every
+    eval_every steps and once more at the end, unless the last step is one of them."""
+    if not fig.get("eval_every"):
+        return 0, 0.0
+    passes = total // fig["eval_every"] + (1 if total % fig["eval_every"] else 0)
+    return passes, passes * fig["eval_batches"] * fig["eval_seconds_per_batch"]
 
 
 def against_run(fig: dict[str, Any], train: dict[str, Any]) -> dict[str, Any] | None:
@@ -119,6 +136,9 @@ def table(fig: dict[str, Any]) -> str:
     ]
     if "other_hours" in fig:
         rows.append(("  of which saves, final model", fig["other_hours"]))
+    if "eval_passes" in fig:
+        rows.append(("  of which evaluation", f"{fig['projected_eval_hours']} h: {fig['eval_passes']} passes of "
+                     f"{fig['eval_batches']} batches, {fig['eval_seconds_per_batch']} s each (timed on a few)"))
     if "projected_cost" in fig:
         rows.append(("projected cost", fig["projected_cost"]))
     if any(fig.get("alloc_retries") or []):

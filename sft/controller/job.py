@@ -21,12 +21,12 @@ from ..planner import disk, restart, rules
 from ..planner.decide import Decision
 from ..planner.inputs import CannotRun, Inputs
 from ..planner.plan import format_table
-from ..settings import Settings
+from ..settings import Settings, refusal
 from ..units import gib
-from . import (budget, coordinate, figures, inputs, machine, outlock, preflight, probe, reshard, timekeeper,
-               uploads)
+from . import (budget, coordinate, data, figures, inputs, machine, outlock, preflight, probe, reshard,
+               timekeeper, uploads)
 from .launch import Stopper
-from .output import Paths, losses, plot_loss
+from .output import Paths, eval_results, losses, plot_loss
 from .runs import Runner
 
 
@@ -67,6 +67,7 @@ class Job:
         self.events = EventLog(self.paths.run / EVENTS_FILE)
         self.stopper.on_request = lambda reason, detail: self.events.emit(StopRequested(reason=reason, detail=detail))
         self.deadline, self.timekeeper = None, None  # the time limit, if any, and its watch while training
+        self.data: data.Found | None = None
 
     def run(self, probe_only: bool) -> int:
         """The job, holding the output folder's lock from its first write: a second job on the folder stops
@@ -79,6 +80,8 @@ class Job:
             self.target = uploads.connect(self.s)
             if not probe_only and uploads.already_done(self.target):
                 return exitcodes.DONE
+            if (code := self._read_data()) is not None:  # bad data writes nothing, not even the lock
+                return code
         except HubError as e:
             say(f"error: {e.message}")
             return e.exit_code
@@ -117,7 +120,7 @@ class Job:
             return self._unwritable(e)
         self.summary.resumed_from = str(resume) if resume else None
         try:
-            given = inputs.read(self.s, self.facts.machine, resume)
+            given = inputs.read(self.s, self.facts.machine, resume, self.data.facts)
             d = self._decided(decide.decide(given))
             self.runner.overheads = budget.overheads(given.shape.total_params, self.target is not None)
         except CannotRun as e:
@@ -183,12 +186,25 @@ class Job:
               "then start again")
         return exitcodes.PREFLIGHT
 
+    def _read_data(self) -> int | None:
+        """The data, loaded and checked before anything is written; exit 2 listing every problem."""
+        from ..data import DataError
+
+        try:
+            self.data = data.read(self.s, self.team.ranks)
+        except DataError as e:
+            say(refusal("data is", e.problems))
+            return exitcodes.BAD_SETTINGS
+        say("\n".join(self.data.notes))
+        return None
+
     def _decided(self, d: Decision) -> Decision:
         say(format_table(d.plan))
         say("decided:\n" + d.explain())
         self.summary.plan = d.plan.to_dict()
         self.events.emit(Decided(stage=d.stage.name, ranks=d.ranks.world, resolved=d.resolved(),
                                  reasons=dict(d.reasons)))
+        self.summary.data, self.summary.model_revision = data.summary(self.data, d.data), d.model_revision
         return d
 
     def _preflight(self, given: Inputs, d: Decision, probe_only: bool) -> int | None:
@@ -276,16 +292,18 @@ class Job:
         if d is not None:
             summary.stage, summary.ranks = d.stage.name, d.ranks.world
             summary.resolved, summary.decisions = d.resolved(), dict(d.reasons)
-        points = losses((summary.train or {}).get("log_history") or [])
+        history = (summary.train or {}).get("log_history") or []
+        points, summary.eval = losses(history), eval_results(history)
         if points:
             summary.final_loss = points[-1][1]
         try:  # on a full disk the exit code and the log must still come out, naming what was not written
             if points:
-                plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})")
+                plot_loss(points, self.paths.run / "loss.png", f"{self.s.model} (ZeRO {summary.stage})",
+                          losses(history, "eval_loss"))
             summary.save(self.paths.summary)
         except OSError as e:
             say(f"error: could not write {self.paths.summary} or the loss plot ({e.strerror or e}): this "
-                  "log is the only record of this start")
+                "log is the only record of this start")
         if self.uploader is not None:
             grace = (self.timekeeper.seconds_left() if self.stopper.reason == "time limit" and self.timekeeper
                      else uploads.grace_left(self.s, self.stopper.requested_at))
@@ -319,7 +337,8 @@ def train_results(reports: list, wall: float) -> dict:
         return {"status": None, **result}
     result.update(status=main.status, global_step=main.global_step, train_runtime=main.train_runtime,
                   train_loss=main.train_loss, num_tokens=main.num_tokens, tokens_before=main.tokens_before,
-                  stop_reason=main.stop_reason, error=main.error, log_history=main.log_history)
+                  stop_reason=main.stop_reason, error=main.error, log_history=main.log_history,
+                  eval_seconds=round(main.eval_seconds, 1))
     if main.num_tokens and main.train_runtime:  # this start's tokens in this start's time
         result["tokens_per_second"] = round((main.num_tokens - main.tokens_before) / main.train_runtime, 1)
     if rates := figures.steady_rates(main.steps):

@@ -55,13 +55,24 @@ class Paths:
             old.unlink()
 
 
-def losses(log_history: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(step, loss) pairs from the Trainer's log history."""
-    return [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
+def losses(log_history: list[dict[str, Any]], key: str = "loss") -> list[tuple[int, float]]:
+    """(step, loss) pairs from the Trainer's log history (key "eval_loss": the evaluations')."""
+    return [(e["step"], e[key]) for e in log_history if key in e and "step" in e]
 
 
-def plot_loss(points: list[tuple[int, float]], path: Path, title: str) -> Path | None:
-    """The loss curve as a PNG (matplotlib's Agg backend: no display needed)."""
+def eval_results(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last evaluation in the Trainer's log: its step, loss and token accuracy, and how many ran."""
+    evals = [e for e in log_history if "eval_loss" in e]
+    if not evals:
+        return None
+    last = evals[-1]
+    return {"step": last.get("step"), "loss": last["eval_loss"], "mean_token_accuracy":
+            last.get("eval_mean_token_accuracy"), "evaluations": len(evals)}
+
+
+def plot_loss(points: list[tuple[int, float]], path: Path, title: str,
+              eval_points: list[tuple[int, float]] | None = None) -> Path | None:
+    """The loss curve as a PNG, the evaluations' loss beside it (matplotlib's Agg backend: no display needed)."""
     if not points:
         return None
     import matplotlib
@@ -70,8 +81,12 @@ def plot_loss(points: list[tuple[int, float]], path: Path, title: str) -> Path |
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([s for s, _ in points], [v for _, v in points], marker="." if len(points) < 50 else None)
-    ax.set(xlabel="optimizer step", ylabel="training loss", title=title)
+    ax.plot([s for s, _ in points], [v for _, v in points], marker="." if len(points) < 50 else None,
+            label="training")
+    if eval_points:
+        ax.plot([s for s, _ in eval_points], [v for _, v in eval_points], marker="o", label="evaluation")
+        ax.legend()
+    ax.set(xlabel="optimizer step", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -107,7 +107,8 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict
         tried("failed")
         say(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above")
         raise _Failed(exitcodes.PROBE_FAILED)
-    fig = figures.figures(reports, runner.s, runner.overheads, runner.started_at)
+    fig = figures.figures(reports, runner.s, runner.overheads, runner.started_at,
+                          d.data.eval_steps if d.data else None)
     fig["stage"] = d.stage.name
     tried("ok", fig)
     return fig, reports

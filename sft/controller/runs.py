@@ -42,7 +42,7 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
               resume: Path | None = None, ds_config: str = "") -> RunSpec:
     """The settings and the decision, as the ranks read them (writes nothing)."""
     return RunSpec(
-        mode=mode, model=s.model, dataset=s.dataset, dataset_split=s.dataset_split, max_length=s.max_length,
+        mode=mode, model=s.model, data=d.data, max_length=s.max_length,
         packing=s.packing, epochs=s.epochs, max_steps=max_steps, learning_rate=s.learning_rate,
         save_steps=s.save_steps, save_total_limit=s.save_total_limit, logging_steps=s.logging_steps,
         seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger, compile=d.compile,
@@ -52,4 +52,4 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
         record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_name=s.run_name,
-        run_dir=str(paths.run))
+        run_dir=str(paths.run), model_revision=d.model_revision, chat_template=s.chat_template)

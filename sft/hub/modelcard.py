@@ -68,6 +68,24 @@ def _results(summary: dict[str, Any]) -> str:
     return "| figure | value |\n|---|---|\n" + _rows(rows)
 
 
+def _data_lines(summary: dict[str, Any]) -> str:
+    """The data, the tokens learned and the evaluation, as the summary recorded them (commits included)."""
+    data, ev = summary.get("data") or {}, summary.get("eval") or {}
+    lines = []
+    if summary.get("model_revision"):
+        lines.append(f"- base model commit: `{summary['model_revision']}`")
+    if data:
+        sources = "; ".join(f"`{x['path']}`" + (f" at commit `{x['revision']}`" if x.get("revision") else "")
+                            for x in data.get("train", []))
+        lines.append(f"- data: {data.get('shape')}, {data.get('train_rows')} rows from {sources}; loss on: "
+                     f"{data.get('loss_on')} tokens")
+    if ev:
+        accuracy = ev.get("mean_token_accuracy")
+        lines.append(f"- evaluation ({data.get('eval_rows', '?')} rows) at step {ev.get('step')}: loss "
+                     f"{ev['loss']:.4f}" + (f", token accuracy {accuracy:.4f}" if accuracy is not None else ""))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def model_card(summary: dict[str, Any], repo_id: str, revision: str | None = None, plot: bool = True) -> str:
     """README.md for the repo, from the run's summary (run/summary.json)."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -84,6 +102,7 @@ def model_card(summary: dict[str, Any], repo_id: str, revision: str | None = Non
 Full fine-tune of `{s.get('model', '?')}` on `{s.get('dataset', '?')}` (split `{s.get('dataset_split', 'train')}`)
 with TRL's SFTTrainer on DeepSpeed ZeRO {summary.get('stage', '?')}, {summary.get('ranks', '?')} rank(s).
 
+{_data_lines(summary)}
 ## Use
 
 {_load(repo_id, revision)}

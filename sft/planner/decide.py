@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import exitcodes, stages
-from ..handoff import CheckpointRecord, Split
+from ..handoff import CheckpointRecord, DataPlan, Split
 from ..stages import Stage
 from ..units import GIB
+from . import data as data_rules
 from . import reshard, rules
 from .inputs import CannotRun, Inputs, Machine, Ranks
 from .plan import Plan, Row, Setup, estimate_row, longest_row, plan_from_shape
@@ -51,6 +52,8 @@ class Decision:
     reasons: Mapping[str, str] = field(default_factory=dict)
     max_steps: int | None = None  # the budget's cap on optimizer steps; None: SFT_MAX_STEPS and SFT_EPOCHS
     reshard: Reshard | None = None  # the checkpoint resumed was written by another number of ranks
+    data: DataPlan | None = None  # what the ranks train and evaluate on (None: the data was not read)
+    model_revision: str | None = None  # the model's commit, as resolved at start
 
     @property
     def offload(self) -> bool:
@@ -71,7 +74,8 @@ class Decision:
                 "grad_accum": self.split.grad_accum,
                 "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
                 "pin_memory": self.pin_memory, "launcher": self.launcher,
-                "predicted_peak_gib": round(self.row.peak / GIB, 2)}
+                "predicted_peak_gib": round(self.row.peak / GIB, 2), "model_revision": self.model_revision,
+                **({"loss_on": self.data.loss_on, "eval_steps": self.data.eval_steps} if self.data else {})}
 
     def explain(self) -> str:
         return "\n".join(f"  {name}: {why}" for name, why in self.reasons.items())
@@ -108,7 +112,21 @@ def decide(inputs: Inputs) -> Decision:
                      reasons={**d.reasons, "reshard": reshard.with_fit(d.reasons["reshard"], d.row, d.stage)})
     if record is not None and record.max_steps is not None:
         d = cap_steps(d, record.max_steps, "as the budget capped them for the checkpoint resumed")
-    return _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+    d = _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+    return _with_data(inputs, d)
+
+
+def _with_data(inputs: Inputs, d: Decision) -> Decision:
+    """The model's commit and the data plan: which rows, which tokens carry the loss, the evaluation."""
+    reasons = dict(d.reasons)
+    if inputs.model_revision:
+        asked = inputs.settings.model_revision
+        reasons["model"] = f"{inputs.settings.model} at commit {inputs.model_revision}" + (
+            f" (SFT_MODEL_REVISION={asked})" if asked else " (its main branch at start)")
+    if inputs.data is None:
+        return _replace(d, model_revision=inputs.model_revision, reasons=reasons)
+    plan, why = data_rules.plan(inputs.settings, inputs.data)
+    return _replace(d, data=plan, model_revision=inputs.model_revision, reasons={**reasons, **why})
 
 
 def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str, Split]:

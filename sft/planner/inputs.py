@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..handoff import CheckpointRecord
+from ..handoff import CheckpointRecord, DataSource
 from ..settings import Settings
 from .shape import ModelShape
 
@@ -33,6 +33,20 @@ class Machine:
 
 
 @dataclass(frozen=True)
+class DataFacts:
+    """The data as the controller read and checked it (controller/data.py)."""
+
+    shape: str  # TRL's name for its type, e.g. "conversational prompt-completion"
+    conversational: bool
+    prompt_completion: bool
+    train: tuple[DataSource, ...]  # Hub sources with their commits resolved
+    eval: tuple[DataSource, ...] = ()  # SFT_EVAL_DATASET's, or SFT_DATASET's at SFT_EVAL_SPLIT
+    rows: int = 0  # training rows, as drawn (before any are held out)
+    eval_rows: int = 0
+    marks_assistant: bool | None = None  # the chat template can mark the assistant's tokens (None: not asked)
+
+
+@dataclass(frozen=True)
 class Inputs:
     """What the decision is a function of."""
 
@@ -41,6 +55,8 @@ class Inputs:
     shape: ModelShape
     record: CheckpointRecord | None = None  # of the checkpoint this start resumes from
     user_config: Mapping[str, Any] | None = None  # SFT_DS_CONFIG's contents
+    data: DataFacts | None = None  # None where only the model and machine matter (`plan`)
+    model_revision: str | None = None  # the model's commit (None: a local folder, or not resolved)
 
 
 @dataclass(frozen=True)

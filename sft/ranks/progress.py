@@ -65,7 +65,8 @@ class ProgressCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
-        self.report.steps.append([state.global_step, time.perf_counter(), int(tokens)])
+        now = time.perf_counter() - self.report.eval_seconds
+        self.report.steps.append([state.global_step, now, int(tokens)])
         if self.report.first_step_wall is None:
             self.report.first_step_wall = time.time()
         if self.stop.agreed():
@@ -109,6 +110,8 @@ class ProgressCallback(TrainerCallback):
         self._write_progress(state, force=True)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        # The steps' clock leaves evaluation out, so the run's steady speed compares with the probe's
+        self.report.eval_seconds += (metrics or {}).get("eval_runtime", 0.0)
         if self.run_dir is not None and state.is_world_process_zero and metrics:
             numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
             self.events.emit(Evaluated(step=state.global_step, metrics=numbers))

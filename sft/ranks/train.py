@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import faults, profiling, universal
+from . import evaluation, faults, profiling, universal
 from .progress import ProgressCallback, StopRequest
 
 
@@ -40,6 +40,9 @@ def main(spec_path: str) -> int:
         faults.inject(spec)
         _reset_peak_memory(on_gpu)
         result = trainer.train(resume_from_checkpoint=spec.resume)
+        if trainer.eval_dataset is not None and spec.mode == "probe":
+            evaluation.timed(trainer, report)
+        evaluation.at_the_end(trainer, spec, stop.requested)
         _results(report, trainer, result, stop)
         if spec.mode == "train" and not stop.requested:
             trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
@@ -72,15 +75,15 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     """SFTTrainer on the run's data, with a callback that times steps and watches for a stop."""
     from trl import SFTTrainer
 
-    from ..data import load_conversations
     from .. import tracking
+    from ..data.sources import build
     from .trainer import trainer_arguments
 
     if spec.mode == "train":  # each tracker's files under OUTPUT/run/, unless the user pointed it elsewhere
         for variable, value in tracking.environment(spec.report_to, Path(spec.run_dir)).items():
             os.environ.setdefault(variable, value)
     config = trainer_arguments(spec, on_gpu)
-    dataset = load_conversations(spec.dataset, spec.dataset_split)
+    dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
@@ -89,7 +92,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
     callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir),
                  universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
-    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset,
+    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:
         if c is not None:
@@ -98,6 +101,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     batches = len(trainer.get_train_dataloader())
     report.steps_per_epoch = max(math.ceil(batches / spec.grad_accum), 1)
     report.conversations = len(dataset)
+    report.eval_rows = len(trainer.eval_dataset) if trainer.eval_dataset is not None else None
     if int(os.environ.get("RANK", "0")) == 0:
         # What DeepSpeed was given, "auto" values filled by the Trainer (the rest fill at deepspeed_init).
         Path(spec.report_dir).mkdir(parents=True, exist_ok=True)

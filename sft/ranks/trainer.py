@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .. import tracking
-from ..handoff import RunSpec
+from ..handoff import DataPlan, RunSpec
 
 # SFTConfig arguments the job sets itself (job_arguments), and the setting a user changes instead:
 # SFT_TRAINER_ARGS may not name them (tests/test_trainer.py keeps this list equal to what is set).
@@ -36,6 +36,11 @@ OWNED_ARGS = {
     # a resume needs the whole DeepSpeed state, and the job decides where it resumes from
     "save_only_model": "the job (a resume needs the optimizer state)",
     "resume_from_checkpoint": "the job (it resumes by itself)",
+    # the data: which tokens are learned, the chat template, the evaluation
+    "assistant_only_loss": "SFT_LOSS_ON", "completion_only_loss": "SFT_LOSS_ON",
+    "chat_template_path": "SFT_CHAT_TEMPLATE", "eval_strategy": "SFT_EVAL_STEPS", "eval_steps": "SFT_EVAL_STEPS",
+    "per_device_eval_batch_size": "the job (evaluation batches are as large as training's micro-batches)",
+    "dataset_text_field": "the job (it trains on a 'text' column: rename yours)",
 }
 
 
@@ -44,6 +49,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
     import torch
 
     probe = spec.mode == "probe"
+    data = spec.data or DataPlan(train=[])
     return dict(
         output_dir=spec.output_dir,
         deepspeed=spec.ds_config,  # set before the model loads, so ZeRO-3 shards it while loading
@@ -73,7 +79,14 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         use_liger_kernel=spec.liger_kernels,  # TRL applies the layer kernels only (its fused LM head stays)
         torch_compile=spec.compile,  # the Trainer compiles the model once DeepSpeed has wrapped it
         model_init_kwargs={"dtype": torch.bfloat16 if spec.bf16 else torch.float32,
-                           "attn_implementation": spec.attention},
+                           "attn_implementation": spec.attention, "revision": spec.model_revision},
+        assistant_only_loss=data.loss_on == "assistant",  # TRL masks all but the assistant's turns
+        completion_only_loss=data.loss_on == "completion",  # TRL masks the prompt
+        chat_template_path=spec.chat_template,
+        # the probe times evaluation on a few batches itself (ranks/evaluation.py), apart from its steps
+        eval_strategy="steps" if data.evaluates and not probe else "no",
+        eval_steps=data.eval_steps,
+        per_device_eval_batch_size=spec.micro_batch,
         # On CPU ranks the Trainer must use the gloo state train.py made (docs/facts.md).
         accelerator_config={"use_configured_state": in_rank and not on_gpu},
     )

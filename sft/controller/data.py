@@ -1,0 +1,220 @@
+"""The data step, before any rank starts and before anything is written: resolve the Hub revisions, load every
+source as the ranks will (data/sources.py), and check it all (data/checks.py). Every problem is collected
+and raised at once as DataError, which the job reports like a settings problem (exit 2).
+
+What it found, the DataFacts, is what the decision's data rules read (planner/data.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ..data import checks, shapes
+from ..data.entries import DataError, looks_local, parse
+from ..handoff import DataSource
+from ..planner import data as data_rules
+from ..planner import rules
+from ..planner.inputs import CannotRun, DataFacts, Ranks
+from ..settings import Settings
+from . import revisions
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+
+@dataclasses.dataclass
+class Found:
+    """The step's result: the facts for the decision, the log's lines, and what it loaded to find them."""
+
+    facts: DataFacts
+    notes: list[str]
+    train: Dataset  # the training rows as the ranks draw them (evaluation rows held out)
+    eval: Dataset | None = None
+    tokenizer: object = None
+    loss_on: str = "all"
+
+
+def read(s: Settings, ranks: Ranks) -> Found:
+    """Load and check the training and evaluation data (raises DataError listing every problem)."""
+    import logging
+
+    import datasets
+
+    datasets.disable_progress_bars()  # the controller's log says what it read in one line
+    datasets.logging.set_verbosity(logging.CRITICAL)  # a file datasets cannot read is said below, in one line
+    problems: list[str] = []
+    train, loaded = _sources([_source(s, e) for e in parse(s.dataset)], "SFT_DATASET", problems)
+    shape = _one_shape(loaded, train, "SFT_DATASET", problems)
+    tok = _tokenizer(s, shape, problems)
+    if shape is None:
+        raise DataError(problems)
+    facts = DataFacts(shape.name, shape.conversational, shape.prompt_completion, tuple(train),
+                      marks_assistant=_marks(tok, s))
+    try:
+        loss, _ = data_rules.loss_mode(s.loss_on, facts)
+    except CannotRun as e:
+        problems.append(str(e))
+        loss = s.loss_on  # the rows are still checked for what the user asked
+    problems += _row_problems(train, loaded, shape, loss, "SFT_DATASET")
+    evaluation = _eval_sources(s, facts, shape, loss, problems)
+    if problems:
+        raise DataError(problems)
+    found = _assemble(s, facts, loaded, shape, evaluation)
+    found.tokenizer, found.loss_on = tok, loss
+    found.notes += _token_checks(s, ranks, found)
+    return found
+
+
+def _source(s: Settings, entry) -> DataSource:
+    hub = not looks_local(entry.path)
+    return DataSource(entry.path, s.dataset_split, config=s.dataset_config if hub else None,
+                      revision=s.dataset_revision if hub else None, rows=entry.rows, weight=entry.weight)
+
+
+def _sources(sources: list[DataSource], var: str, problems: list[str]) -> tuple[list[DataSource], list]:
+    """The sources with each Hub dataset's revision made a commit, and each loaded (None where it could not
+    be: its problem is added to `problems`)."""
+    from ..data.sources import load
+
+    resolved, loaded = [], []
+    for src in sources:
+        try:
+            if not looks_local(src.path):
+                src = dataclasses.replace(src, revision=revisions.resolve(src.path, "dataset", src.revision))
+            resolved.append(src)
+            loaded.append(load(src, var))
+        except revisions.RevisionError as e:
+            problems.append(f"{var}: {e}")
+            resolved.append(src)
+            loaded.append(None)
+        except DataError as e:
+            problems.extend(e.problems)
+            loaded.append(None)
+    return resolved, loaded
+
+
+def _one_shape(loaded: list, sources: list[DataSource], var: str, problems: list[str]) -> shapes.Shape | None:
+    """The one shape of the sources that loaded (None: none has one; the problems say why)."""
+    found = {}
+    for source, dataset in zip(sources, loaded, strict=True):
+        if dataset is None:
+            continue
+        shape = shapes.shape_of(dataset)
+        if shape is None:
+            problems.append(f"{var}: {source.path}: {shapes.why_not(dataset)}")
+        else:
+            found[source.path] = shape
+    problems += checks.shapes_differ(found, var)
+    return next(iter(found.values()), None)
+
+
+def _row_problems(sources: list[DataSource], loaded: list, shape: shapes.Shape, loss: str, var: str) -> list[str]:
+    """The rows' problems, in each source that loaded with the shape (the others' problem is said already)."""
+    found = []
+    for source, dataset in zip(sources, loaded, strict=True):
+        if dataset is not None and shapes.shape_of(dataset) == shape:
+            found += checks.row_problems(dataset, shape, f"{var}: {source.path}", loss)
+    return found
+
+
+def _tokenizer(s: Settings, shape: shapes.Shape | None, problems: list[str]):
+    """The model's tokenizer with SFT_CHAT_TEMPLATE, as the ranks will have it (None: a problem says why)."""
+    from ..data.tokens import tokenizer
+    from .inputs import model_revision
+
+    try:
+        tok = tokenizer(s.model, model_revision(s), s.chat_template)
+    except Exception as e:  # not found, offline and not cached, a template model without a tokenizer
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        problems.append(f"SFT_MODEL={s.model!r}: cannot load its tokenizer ({why}): check the name or path, the "
+                        "network, and HF_HUB_OFFLINE")
+        return None
+    if shape is not None and shape.conversational and not tok.chat_template:
+        problems.append(f"SFT_MODEL={s.model!r}: its tokenizer has no chat template, and the data is {shape.name}: "
+                        "set SFT_CHAT_TEMPLATE to a .jinja file or a model to take the template from")
+    return tok
+
+
+def _marks(tok, s: Settings) -> bool | None:
+    from ..data.tokens import marks_assistant
+
+    return marks_assistant(tok) if tok is not None and tok.chat_template and s.loss_on == "assistant" else None
+
+
+def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str, problems: list[str]):
+    """SFT_EVAL_DATASET's or SFT_EVAL_SPLIT's sources, loaded and checked as the training's; (sources,
+    datasets), or None when the evaluation rows are held out of the training rows, or there are none."""
+    sources, _, _ = data_rules.evaluation(s, list(facts.train))
+    if not sources:
+        return None
+    var = "SFT_EVAL_DATASET" if s.eval_dataset else "SFT_EVAL_SPLIT"
+    sources, loaded = _sources(sources, var, problems)
+    eval_shape = _one_shape(loaded, sources, var, problems)
+    if eval_shape is not None and eval_shape != shape:
+        problems.append(f"{var}: the evaluation data is {eval_shape.name} and the training data {shape.name}: "
+                        "evaluate on data of the training's shape")
+    problems += _row_problems(sources, loaded, shape, loss, var)
+    return sources, loaded
+
+
+def _assemble(s: Settings, facts: DataFacts, loaded: list, shape: shapes.Shape, evaluation) -> Found:
+    """The training rows as the ranks draw them, and the evaluation rows: held out of them, or the sources'."""
+    from ..data.sources import combine, hold_out
+
+    train = combine(loaded, list(facts.train), shape.columns, s.seed)
+    _, fraction, why = data_rules.evaluation(s, list(facts.train))
+    notes = [f"data: SFT_DATASET: {shape.name}, {len(train):,} rows from " + "; ".join(
+        f.text() for f in facts.train)]
+    facts = dataclasses.replace(facts, rows=len(train))
+    if fraction > 0:
+        try:
+            kept, held = hold_out(train, fraction, s.seed)
+        except ValueError as e:  # datasets: a share that rounds to no row on one side
+            raise DataError([f"SFT_EVAL_FRACTION={fraction:g} of {len(train)} rows: {e}"]) from None
+        notes.append(f"data: evaluation: {len(held):,} rows, {why}")
+        return Found(dataclasses.replace(facts, eval_rows=len(held)), notes, kept, held)
+    if evaluation is None:
+        return Found(facts, notes, train)
+    sources, loaded_eval = evaluation
+    rows = combine(loaded_eval, sources, shape.columns, s.seed)
+    notes.append(f"data: evaluation: {len(rows):,} rows from " + "; ".join(f.text() for f in sources))
+    return Found(dataclasses.replace(facts, eval=tuple(sources), eval_rows=len(rows)), notes, train, rows)
+
+
+def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
+    """The checks that need tokens: enough rows for one optimizer step; not every row over SFT_MAX_LENGTH."""
+    from ..data.tokens import Labeller
+
+    labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, _trainer_args(s))
+    train, evaluation = found.train, found.eval
+    split, _, _ = rules.batch_split(s, None, ranks.on_gpu)  # a batch search keeps its rows per step
+    needed = ranks.world * split.rows
+    per_step = f"{ranks.world} rank(s) x micro-batch {split.micro_batch} x accumulation {split.grad_accum}"
+    if s.packing:
+        problems = checks.too_few_packed(train, labeller, needed, per_step, "SFT_DATASET")
+        notes = []
+    else:
+        problems = checks.too_few_rows(len(train), needed, per_step, "SFT_DATASET")
+        notes = []
+        for var, rows in (("SFT_DATASET", train), ("evaluation", evaluation)):
+            if rows is not None and len(rows):
+                long, note = checks.all_too_long(rows, labeller, var)
+                problems, notes = problems + long, notes + ([note] if note else [])
+    if problems:
+        raise DataError(problems)
+    return notes
+
+
+def _trainer_args(s: Settings) -> dict:
+    import json
+
+    return json.loads(s.trainer_args or "{}")
+
+
+def summary(found: Found | None, plan) -> dict | None:
+    """What the run trained and evaluated on, for run/summary.json and the model card."""
+    if found is None or plan is None:
+        return None
+    return {"shape": found.facts.shape, "train_rows": len(found.train), "eval_rows": found.facts.eval_rows,
+            **plan.to_dict()}

@@ -1,0 +1,17 @@
+"""The user's data, shared by the controller (which checks it before any rank starts) and the ranks (which
+train on it through the same code):
+
+    entries.py  what SFT_DATASET says: sources, each with an optional row count or weight (no I/O but stat)
+    sources.py  loading each source with `datasets`, drawing the mixture, holding out the evaluation rows
+    files.py    why a local file cannot be read: the empty file, the bad JSON line (datasets names neither)
+    shapes.py   which of TRL's dataset shapes the rows have, by TRL's own rules
+    checks.py   every problem in the rows, one line each
+    tokens.py   the rows tokenised and labelled as TRL's SFTTrainer does it, outside the Trainer
+    show.py     the first rows' tokens and which carry the loss, for `entrypoint.py data`
+
+Only entries.py is imported by the settings: the rest imports `datasets` and TRL, which take seconds.
+"""
+
+from .entries import DATA_SUFFIXES, DataError, looks_local
+
+__all__ = ["DATA_SUFFIXES", "DataError", "looks_local"]

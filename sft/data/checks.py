@@ -1,0 +1,162 @@
+"""Every problem in the rows, found before any rank starts, one line each naming the source, the rows and the
+fix. The row checks read whole columns through Arrow (a 100,000-row file in well under a second); the checks
+that need tokens tokenise only as many rows as it takes to settle them (tokens.Labeller).
+
+TRL itself looks at the first row only and fails inside every rank on the first bad one (KeyError: 'text'
+for a message without 'role', IndexError for an empty conversation): hence these checks, by hand.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .shapes import Shape
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from datasets import Dataset
+
+    from .tokens import Labeller
+
+ROLES = ("system", "user", "assistant", "tool")
+SHOWN = 3  # row numbers named per problem
+FIRST_CHUNK, LAST_CHUNK = 64, 4096  # rows tokenised at a time by the checks that need tokens, doubling
+
+
+def rows_named(rows: list[int]) -> str:
+    """'row 4', 'rows 4, 9, 12 and 40 more' (counted from 1, as a user counts lines)."""
+    shown = ", ".join(str(r + 1) for r in rows[:SHOWN])
+    more = f" and {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
+    return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
+
+
+def row_problems(dataset: Dataset, shape: Shape, label: str, loss_on: str) -> list[str]:
+    """What is wrong in the rows of one source of this shape."""
+    table = dataset.with_format("arrow")[:]
+    found = []
+    for column in shape.columns:
+        if column in shape.message_columns:
+            learned = loss_on == "assistant" and column != "prompt"
+            found += _messages(table.column(column).combine_chunks(), column, shape, label, need_assistant=learned)
+        else:
+            found += _strings(table.column(column).combine_chunks(), column, label)
+    return found
+
+
+def _strings(col: pa.Array, column: str, label: str) -> list[str]:
+    import pyarrow as pa
+
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return [f"{label}: {column!r} holds {col.type} values, not text: write them as strings"]
+    nulls = _where(col.is_null())
+    return [f"{label}: {column!r} is missing or null in {rows_named(nulls)}"] if nulls else []
+
+
+def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assistant: bool) -> list[str]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = col.type
+    item = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    as_json = isinstance(item, pa.JsonType)  # datasets keeps messages of differing keys as JSON text
+    if item is None or not (as_json or (pa.types.is_struct(item) and item.get_field_index(shape.role_key) >= 0)):
+        return [f"{label}: {column!r} holds {kind}, not lists of messages with a {shape.role_key!r}"]
+    found = []
+    lengths = pc.list_value_length(col)
+    if empty := _where(pc.or_kleene(lengths.is_null(), pc.equal(lengths, 0))):
+        found.append(f"{label}: {len(empty)} empty conversation(s) in {column!r} ({rows_named(empty)}): remove them")
+    flat, parents = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy()
+    roles = pa.array([_role(m, shape.role_key) for m in flat.storage.to_pylist()], pa.string()) if as_json \
+        else pc.struct_field(flat, shape.role_key)
+    bad = pc.invert(pc.fill_null(pc.is_in(roles, value_set=pa.array(ROLES)), False)).to_numpy(zero_copy_only=False)
+    if bad.any():
+        seen = pc.unique(pc.filter(roles, pa.array(bad))).to_pylist()
+        names = sorted({"(none)" if r is None else str(r) for r in seen})
+        rows = sorted(set(parents[bad].tolist()))
+        hint = " (ShareGPT's human and gpt are user and assistant)" if {"human", "gpt"} & set(names) else ""
+        found.append(f"{label}: role {', '.join(names)} in {column!r} of {rows_named(rows)}: a role must be one of "
+                     f"{', '.join(ROLES)}{hint}")
+    if need_assistant:
+        said = np.zeros(len(col), dtype=bool)
+        said[parents[pc.fill_null(pc.equal(roles, "assistant"), False).to_numpy(zero_copy_only=False)]] = True
+        said[empty] = True  # already named
+        if silent := np.flatnonzero(~said).tolist():
+            found.append(f"{label}: no assistant turn in {rows_named(silent)}: with SFT_LOSS_ON=assistant such a "
+                         "row has no token to learn (TRL stops on it)")
+    return found
+
+
+def _role(message: str | None, key: str) -> str | None:
+    import json
+
+    value = json.loads(message) if message is not None else None
+    return value.get(key) if isinstance(value, dict) and isinstance(value.get(key), str) else None
+
+
+def _where(mask) -> list[int]:
+    import numpy as np
+
+    return np.flatnonzero(mask.to_numpy(zero_copy_only=False)).tolist()
+
+
+def shapes_differ(shapes: dict[str, Shape], var: str) -> list[str]:
+    """A mixture trains as one shape: every source must have it."""
+    if len({s.name for s in shapes.values()}) <= 1:
+        return []
+    listed = "; ".join(f"{name}: {s.name}" for name, s in shapes.items())
+    return [f"{var}: the sources have different shapes ({listed}): mix sources of one shape"]
+
+
+def chunks(rows: int):
+    """(start, stop) of the rows to tokenise in turn: few first, since the first usually settle a check."""
+    start, size = 0, FIRST_CHUNK
+    while start < rows:
+        yield start, min(start + size, rows)
+        start, size = start + size, min(size * 2, LAST_CHUNK)
+
+
+FEWER = ("take fewer rows per step (SFT_TOKENS_PER_STEP, or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), use fewer GPUs, "
+         "or bring more rows")
+
+
+def too_few_rows(rows: int, needed: int, per_step: str, label: str) -> list[str]:
+    """Unpacked: one optimizer step takes `needed` rows."""
+    if rows >= needed:
+        return []
+    return [f"{label}: {rows} training row(s), and one optimizer step takes {needed} ({per_step}): {FEWER}"]
+
+
+def too_few_packed(dataset: Dataset, labeller: Labeller, needed: int, per_step: str, label: str) -> list[str]:
+    """Packed: one step takes `needed` rows of max_length tokens. Rows are tokenised until they hold that many
+    tokens (then they pack into at least as many rows), else all of them are packed as TRL packs them."""
+    from .tokens import in_memory
+
+    tokens = 0
+    for start, stop in chunks(len(dataset)):
+        tokens += sum(labeller.lengths(in_memory(dataset, start, stop)))
+        if tokens >= needed * labeller.max_length:
+            return []
+    packed = len(labeller.prepare(in_memory(dataset, 0, len(dataset)), packing=True))
+    if packed >= needed:
+        return []
+    return [f"{label}: its {len(dataset)} training rows ({tokens} tokens) pack into {packed} row(s) of "
+            f"SFT_MAX_LENGTH={labeller.max_length} tokens, and one optimizer step takes {needed} ({per_step}): {FEWER}"]
+
+
+def all_too_long(dataset: Dataset, labeller: Labeller, label: str) -> tuple[list[str], str | None]:
+    """Packing off: (a problem when every row is longer than max_length, a note on the first rows otherwise).
+    Rows are tokenised until one fits."""
+    from .tokens import in_memory
+
+    limit, lengths = labeller.max_length, []
+    for start, stop in chunks(len(dataset)):
+        lengths += labeller.lengths(in_memory(dataset, start, stop))
+        if min(lengths) <= limit:
+            over = sum(n > limit for n in lengths)
+            note = (f"{label}: {over} of the first {len(lengths)} rows are longer than SFT_MAX_LENGTH={limit} "
+                    "tokens and will be cut to it") if over else None
+            return [], note
+    return [f"{label}: all {len(lengths)} rows are longer than SFT_MAX_LENGTH={limit} tokens (shortest "
+            f"{min(lengths)}, longest {max(lengths)}): with SFT_PACKING=false TRL cuts each to its first {limit} "
+            "tokens and drops the rows left with no token to learn; raise SFT_MAX_LENGTH"], None

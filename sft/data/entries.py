@@ -1,0 +1,166 @@
+"""What SFT_DATASET (and SFT_EVAL_DATASET) says: one source or several, comma-separated, each a local path or a
+Hub name, with an optional amount after a colon:
+
+    demo/chat.jsonl                       every row once
+    demo/chat.jsonl:300                   300 rows drawn from it (seeded; more than it holds repeats rows)
+    org/name:0.5, /data/more:2.0          a weight (a decimal point): half of org/name's rows, more's twice
+
+Nothing here reads a file (it only asks whether a path exists and what it holds), so the settings can check
+these values before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# datasets' builder for each local file format
+LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+DATA_SUFFIXES = tuple(LOADERS)
+# What datasets' save_to_disk writes: a Dataset (both files) or a DatasetDict.
+SAVED_DATASET = ("dataset_info.json", "state.json")
+SAVED_DICT = "dataset_dict.json"
+AMOUNT = re.compile(r"^(?P<path>.+?):(?P<amount>\d+|\d*\.\d+)$")
+
+
+class DataError(Exception):
+    """The data cannot be trained on as it is: every problem, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def looks_local(value: str) -> bool:
+    """A path the user meant as local: it exists, or is written like a path (/x, ./x, ~/x)."""
+    return os.path.exists(os.path.expanduser(value)) or value.startswith(("/", ".", "~"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One source as written: where, and how many of its rows (rows, or weight x its rows; neither: all)."""
+
+    path: str
+    rows: int | None = None
+    weight: float | None = None
+
+    @property
+    def local(self) -> bool:
+        return looks_local(self.path)
+
+    @property
+    def kind(self) -> str:
+        """file, folder (of files), saved (save_to_disk) or hub."""
+        if not self.local:
+            return "hub"
+        path = Path(self.path).expanduser()
+        if path.is_file():
+            return "file"
+        if (path / SAVED_DICT).is_file() or all((path / name).is_file() for name in SAVED_DATASET):
+            return "saved"
+        return "folder"
+
+
+def parse(value: str) -> list[Entry]:
+    """The entries of a comma-separated value (raises ValueError naming the entry that is wrong)."""
+    entries = []
+    for part in (p.strip() for p in value.split(",")):
+        if not part:
+            raise ValueError("an empty entry (two commas, or a comma at an end)")
+        m = AMOUNT.match(part)
+        if m is None:
+            entries.append(Entry(part))
+        elif "." in m["amount"]:
+            if float(m["amount"]) <= 0:
+                raise ValueError(f"{part}: a weight must be more than 0")
+            entries.append(Entry(m["path"].strip(), weight=float(m["amount"])))
+        else:
+            if int(m["amount"]) < 1:
+                raise ValueError(f"{part}: a row count must be at least 1")
+            entries.append(Entry(m["path"].strip(), rows=int(m["amount"])))
+    return entries
+
+
+def problems(var: str, value: str) -> list[str]:
+    """What is wrong with the value of SFT_DATASET or SFT_EVAL_DATASET before anything is read."""
+    from ..settings import REPO_ID  # settings imports this module
+
+    try:
+        entries = parse(value)
+    except ValueError as e:
+        return [f"{var}={value!r}: {e}"]
+    found = []
+    for e in entries:
+        # as every settings problem reads: VAR='value': what is wrong (naming the entry when there are several)
+        head = f"{var}={value!r}: " + (f"{e.path}: " if len(entries) > 1 else "")
+        path = Path(e.path).expanduser()
+        if not e.local:
+            if not REPO_ID.match(e.path):
+                found.append(head + "neither a local path nor a Hub name such as trl-lib/Capybara")
+        elif not path.exists():
+            found.append(head + "no such file or folder")
+        elif e.kind == "file" and path.suffix not in DATA_SUFFIXES:
+            found.append(head + f"expected a {', '.join(DATA_SUFFIXES)} file, a folder of them, or a folder written "
+                         "by datasets' save_to_disk")
+        elif e.kind == "folder":
+            found += [head + p for p in _folder_problems(path)]
+    return found
+
+
+def _folder_problems(path: Path) -> list[str]:
+    formats = {LOADERS[p.suffix] for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()}
+    if not formats:
+        return [f"a folder with no {', '.join(DATA_SUFFIXES)} file, and not one written by datasets' save_to_disk"]
+    if len(formats) > 1:  # datasets would read the most common format alone, silently dropping the others
+        return [f"mixes {' and '.join(sorted(formats))} files; datasets reads one format per folder: keep one, or "
+                "list the folders' files as separate sources"]
+    return []
+
+
+def hub_names(value: str) -> list[str]:
+    """The Hub datasets among the entries (none when the value does not parse)."""
+    try:
+        return [e.path for e in parse(value) if not e.local]
+    except ValueError:
+        return []
+
+
+def settings_problems(s) -> list[str]:
+    """The data settings' problems that need no file read: sources, and the settings that go together."""
+    found = problems("SFT_DATASET", s.dataset)
+    if s.eval_dataset:
+        found += problems("SFT_EVAL_DATASET", s.eval_dataset)
+    if s.eval_fraction > 0 and (s.eval_dataset or s.eval_split):
+        found.append(f"SFT_EVAL_FRACTION={str(s.eval_fraction)!r}: evaluation rows come from one place: hold out a "
+                     "fraction, or name SFT_EVAL_DATASET / SFT_EVAL_SPLIT, not both")
+    if s.eval_steps is not None and not (s.eval_dataset or s.eval_split or s.eval_fraction > 0):
+        found.append(f"SFT_EVAL_STEPS={str(s.eval_steps)!r}: nothing to evaluate on: set SFT_EVAL_DATASET, "
+                     "SFT_EVAL_SPLIT or SFT_EVAL_FRACTION")
+    hub = hub_names(s.dataset)
+    for var, value in (("SFT_DATASET_CONFIG", s.dataset_config), ("SFT_DATASET_REVISION", s.dataset_revision)):
+        if value is not None and len(hub) != 1:
+            found.append(f"{var}={value!r}: applies to one Hub dataset, and SFT_DATASET names "
+                         f"{len(hub) or 'none'}" + (f" ({', '.join(hub)})" if hub else ""))
+    if s.model_revision is not None and looks_local(s.model):
+        found.append(f"SFT_MODEL_REVISION={s.model_revision!r}: applies to a Hub model, and SFT_MODEL is a local path")
+    if s.chat_template is not None:
+        found += _template_problems(s.chat_template)
+    return found
+
+
+def _template_problems(value: str) -> list[str]:
+    from ..settings import REPO_ID
+
+    path = Path(value).expanduser()
+    if not looks_local(value):
+        return [] if REPO_ID.match(value) else [f"SFT_CHAT_TEMPLATE={value!r}: neither a local path nor a Hub name"]
+    if not path.exists():
+        return [f"SFT_CHAT_TEMPLATE={value!r}: no such file or folder"]
+    if path.is_file() and path.suffix not in (".jinja", ".j2"):  # TRL reads any other path as a tokenizer's
+        return [f"SFT_CHAT_TEMPLATE={value!r}: expected a .jinja (or .j2) template file, or a model folder"]
+    if path.is_dir() and not (path / "tokenizer_config.json").is_file():
+        return [f"SFT_CHAT_TEMPLATE={value!r}: a folder without tokenizer_config.json: give a model or tokenizer "
+                "folder, or a .jinja file"]
+    return []

@@ -1,0 +1,95 @@
+"""The rows tokenised and labelled exactly as TRL's SFTTrainer does it, without the Trainer and its model:
+the controller measures lengths with it before any rank starts, and `entrypoint.py data` shows which tokens
+carry the loss.
+
+The tokenisation, the masks and the labels are TRL's own code: SFTTrainer._prepare_dataset, called with a
+stand-in for the trainer that holds the three things that method reads of it (the tokenizer, the training
+chat template, completion_only_loss). What SFTTrainer.__init__ decides before calling it is mirrored below
+in a few lines, each saying which lines of TRL it mirrors; tests/test_labels.py checks the result equals
+the real Trainer's labels, so a TRL upgrade that changes either fails there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+IGNORED = -100  # the label of a token that carries no loss (the Trainer's ignore_index)
+
+
+def tokenizer(model: str, revision: str | None, chat_template: str | None):
+    """The model's tokenizer, with SFT_CHAT_TEMPLATE applied as SFTTrainer applies chat_template_path."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model, revision=revision)
+    if chat_template is None:
+        return tok
+    if chat_template.endswith((".jinja", ".j2")):  # SFTTrainer.__init__: a template file is read as it is
+        with open(chat_template, encoding="utf-8") as f:
+            tok.chat_template = f.read()
+        return tok
+    # trl.chat_template_utils.clone_chat_template, the tokenizer's part (the Trainer also resizes the model's
+    # embeddings for the added tokens, which the tokens' ids do not depend on)
+    source = AutoTokenizer.from_pretrained(chat_template)
+    tok.chat_template = source.get_chat_template()
+    tok.add_tokens([t for t in source.added_tokens_decoder.values() if t.content not in tok.vocab])
+    tok.eos_token = source.eos_token
+    return tok
+
+
+def training_template(tok) -> str | None:
+    """The template SFTTrainer renders assistant masks with (SFTTrainer.__init__): the model's own if it has
+    {% generation %} markers (None), else TRL's training version of a template it knows (raises ValueError
+    when it knows none)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if not tok.chat_template:
+        raise ValueError("the tokenizer has no chat template")
+    return None if has_generation_markers(tok.chat_template) else get_training_chat_template(tok)
+
+
+def marks_assistant(tok) -> bool:
+    """Whether TRL can tell the assistant's tokens under this chat template (assistant_only_loss needs it)."""
+    try:
+        training_template(tok)
+    except ValueError:
+        return False
+    return True
+
+
+class Labeller:
+    """TRL's preparation of rows (tokenise, mask, label; truncate or pack), for one loss mode."""
+
+    def __init__(self, tok, loss_on: str, max_length: int | None, trainer_args: dict[str, Any] | None = None):
+        from trl import SFTConfig
+
+        self.tok, self.loss_on, self.max_length = tok, loss_on, max_length
+        defaults = {f.name: f.default for f in dataclasses.fields(SFTConfig) if f.default is not dataclasses.MISSING}
+        # the arguments _prepare_dataset reads, as the ranks' SFTConfig has them (ranks/trainer.py)
+        self.args = SimpleNamespace(**{**defaults, **(trainer_args or {}), "max_length": max_length,
+                                       "assistant_only_loss": loss_on == "assistant",
+                                       "completion_only_loss": loss_on == "completion"})
+        self.trainer = SimpleNamespace(
+            _tokenizer=tok,
+            chat_template=training_template(tok) if loss_on == "assistant" else None,
+            completion_only_loss=loss_on == "completion")
+
+    def prepare(self, rows: Dataset, packing: bool = False, truncate: bool = True) -> Dataset:
+        """input_ids and labels of each row; truncated to max_length, or packed into rows of it (packing)."""
+        from trl import SFTTrainer
+
+        args = self.args if truncate else SimpleNamespace(**{**vars(self.args), "max_length": None})
+        return SFTTrainer._prepare_dataset(self.trainer, rows, self.tok, args, packing, None, "train")
+
+    def lengths(self, rows: Dataset) -> list[int]:
+        """Tokens per row, before truncation."""
+        return [len(ids) for ids in self.prepare(rows, truncate=False)["input_ids"]]
+
+
+def in_memory(dataset: Dataset, start: int, stop: int) -> Dataset:
+    """Rows start..stop held in memory: what is prepared from them writes no cache file next to the data."""
+    return dataset.select(range(start, min(stop, len(dataset)))).flatten_indices(keep_in_memory=True)

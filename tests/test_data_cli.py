@@ -1,0 +1,58 @@
+"""The data as a user meets it through entrypoint.py: bad data stops the job before any rank starts, every
+problem at once, exit 2, nothing written; `data` shows the first rows with the tokens that carry the loss."""
+
+from __future__ import annotations
+
+from conftest import DEMO_MODEL, demo_env, run_entrypoint
+from data_fixtures import rows, write
+
+MARKED = DEMO_MODEL.parent / "chatml-assistant-mask.jinja"
+
+
+def test_bad_data_is_refused_before_any_rank_starts_every_problem_at_once(tmp_path):
+    chats = rows("messages", 20)
+    chats[4]["messages"][1]["role"] = "bot"
+    chats[9]["messages"] = []
+    bad = write(tmp_path / "bad.jsonl", chats)
+    (tmp_path / "broken.jsonl").write_text('{"messages": []}\n{"messages": [\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    columns = write(tmp_path / "qa.jsonl", [{"question": "q", "answer": "a"}])
+    ev = write(tmp_path / "ev.csv", rows("standard_pc", 5))
+    env = demo_env(tmp_path, dataset=f"{bad}, {tmp_path / 'broken.jsonl'}, {tmp_path / 'empty.jsonl'}, {columns}",
+                   eval_dataset=str(ev), loss_on="completion")
+    result = run_entrypoint(env)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    problems = result.stdout.split("error: the data is not valid; nothing was started:\n")[1].splitlines()
+    assert problems == [
+        f"  - SFT_DATASET: {tmp_path / 'broken.jsonl'}, line 2: not JSON (Expecting value at column 15)",
+        f"  - SFT_DATASET: {tmp_path / 'empty.jsonl'}: empty file",
+        f"  - SFT_DATASET: {columns}: no column TRL can train on (found columns: question, answer); expected a "
+        "'messages' column of conversations (lists of {role, content}); 'prompt' and 'completion' columns "
+        "(strings, or lists of messages); or a 'text' column",
+        "  - SFT_LOSS_ON=completion needs prompt/completion data, and this data is conversational language "
+        "modeling: use assistant (conversations) or all",
+        f"  - SFT_DATASET: {bad}: 1 empty conversation(s) in 'messages' (row 10): remove them",
+        f"  - SFT_DATASET: {bad}: role bot in 'messages' of row 5: a role must be one of system, user, assistant, "
+        "tool",
+        "  - SFT_EVAL_DATASET: the evaluation data is standard prompt-completion and the training data "
+        "conversational language modeling: evaluate on data of the training's shape"]
+    assert "torch.distributed.run" not in result.stdout  # no rank started
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_the_data_command_shows_the_tokens_that_carry_the_loss(tmp_path):
+    path = write(tmp_path / "chat.jsonl", rows("messages", 30))
+    env = demo_env(tmp_path, dataset=str(path), loss_on="assistant", chat_template=str(MARKED), max_length=128,
+                   micro_batch=1)
+    result = run_entrypoint(env, "data", "--rows", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"data: SFT_DATASET: conversational language modeling, 30 rows from {path}\n"
+                                    "loss on: assistant turns only (SFT_LOSS_ON)\n")
+    # the first row opens with a system turn: context, as the user's; each assistant turn is learned
+    assert ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nRepeat after me: coal plum<|im_end|>\n"
+            "<|im_start|>assistant\n⟦coal plum<|im_end|>⟧\n") in result.stdout
+    assert not (tmp_path / "out").exists()
+    tokens = run_entrypoint(env, "data", "--rows", "1", "--tokens")
+    assert "    0       1        '<|im_start|>'" in tokens.stdout  # the first token: never predicted
+    assert "  yes   '<|im_end|>'" in tokens.stdout
