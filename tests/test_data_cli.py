@@ -23,7 +23,8 @@ def test_bad_data_is_refused_before_any_rank_starts_every_problem_at_once(tmp_pa
     result = run_entrypoint(env)
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stdout + result.stderr
-    problems = result.stdout.split("error: the data is not valid; nothing was started:\n")[1].splitlines()
+    after = result.stdout.split("error: the data is not valid; nothing was started:\n")[1].splitlines()
+    problems = [line.split(" ", 1)[1] for line in after]  # each line after its UTC time
     assert problems == [
         f"  - SFT_DATASET: {tmp_path / 'broken.jsonl'}, line 2: not JSON (Expecting value at column 15)",
         f"  - SFT_DATASET: {tmp_path / 'empty.jsonl'}: empty file",
