@@ -174,6 +174,20 @@ def logged_tokens(summary: dict) -> dict[int, int]:
     return {e["step"]: e["num_tokens"] for e in summary["train"]["log_history"] if "num_tokens" in e}
 
 
+def resume_with_room(env: dict[str, str], small: Path, out: Path) -> dict:
+    """The other writer's file gone (room again), a new start: it resumes and trains to the end."""
+    (small / "filler").unlink()
+    del env["SFTTEST_FILL_DISK"]
+    again = run_entrypoint(env)
+    assert again.returncode == 0, again.stdout[-3000:]
+    return read_summary(out)
+
+
+def assert_follows(summary: dict, reference: dict, after: int) -> None:
+    losses, expected = step_losses(summary), step_losses(reference)
+    assert max(abs(losses[k] - expected[k]) for k in expected if k > after) < 1e-4
+
+
 def on_a_small_disk(tmp_path: Path, disk_dir: Path, fill_at: int, leave: int) -> dict[str, str]:
     """The ZeRO-2 job of `runs`, its output on a small disk that another writer fills before the save at
     step `fill_at`, leaving `leave` bytes (sft/ranks/faults.py)."""
@@ -194,14 +208,10 @@ def test_a_full_disk_mid_save_exits_6_keeps_the_last_complete_checkpoint_and_res
         summary = read_summary(out)  # written: the torn checkpoint's room was enough
         assert (summary["status"], summary["exit_code"]) == ("failed", exitcodes.TRAIN_FAILED)
         assert checkpoints.problem(out / "checkpoint-20") is None and not (out / "checkpoint-40").exists()
-        (small / "filler").unlink()  # the other writer's file is gone: room again
-        del env["SFTTEST_FILL_DISK"]
-        again = run_entrypoint(env)
-        assert again.returncode == 0, again.stdout[-3000:]
-        summary, reference = read_summary(out), read_summary(runs["2"][1])
+        reference = read_summary(runs["2"][1])
+        summary = resume_with_room(env, small, out)
     assert summary["resumed_from"].endswith("checkpoint-20")
-    losses, expected = step_losses(summary), step_losses(reference)
-    assert max(abs(losses[k] - expected[k]) for k in expected if k > 20) < 1e-4
+    assert_follows(summary, reference, 20)
     assert summary["train"]["num_tokens"] == reference["train"]["num_tokens"]
 
 
@@ -218,14 +228,10 @@ def test_a_disk_that_would_fill_stops_at_a_checkpoint_and_the_resume_counts_ever
         stopped = read_summary(out)
         assert (stopped["status"], stopped["train"]["global_step"]) == ("stopped: disk", 40)
         assert checkpoints.problem(out / "checkpoint-40") is None and not (out / "final").exists()
-        (small / "filler").unlink()
-        del env["SFTTEST_FILL_DISK"]
-        again = run_entrypoint(env)
-        assert again.returncode == 0, again.stdout[-3000:]
-        summary, reference = read_summary(out), read_summary(runs["2"][1])
+        reference = read_summary(runs["2"][1])
+        summary = resume_with_room(env, small, out)
     assert summary["resumed_from"].endswith("checkpoint-40")
-    losses, expected = step_losses(summary), step_losses(reference)
-    assert max(abs(losses[k] - expected[k]) for k in expected if k > 40) < 1e-4
+    assert_follows(summary, reference, 40)
     tokens, uninterrupted = logged_tokens(summary), logged_tokens(reference)
     assert tokens == uninterrupted  # the steps before 40 as the checkpoint's trainer_state.json logged them
     train = summary["train"]
