@@ -101,6 +101,7 @@ class CheckpointRecord(Record):
     world_size: int
     batch: Split | None = None  # set when a batch search chose the split: a resume keeps it
     tokens: int | None = None  # tokens trained on up to this checkpoint (TRL's count, all ranks): a resume counts on
+    sequence_parallel: int = 1  # GPUs sharing each row: it sets the rows each step reads, so a resume keeps it
 
     FILE: typing.ClassVar[str] = "sft_job.json"
 
@@ -140,6 +141,8 @@ class RunSpec(Record):
     final_dir: str
     record: CheckpointRecord
     resume: str | None = None
+    sequence_parallel: int = 1  # GPUs that share each row (DeepSpeed's Ulysses); 1: off
+    long_rows: str = "truncate"  # conversations longer than max_length: truncate, drop or error (SFT_LONG_ROWS)
 
 
 @dataclass
@@ -162,6 +165,7 @@ class RankReport(Record):
     num_tokens: int | None = None  # since the run began, resumes included
     tokens_before: int = 0  # of those, the tokens of the starts before this one (a resume's checkpoint record)
     stop_reason: str | None = None  # why the ranks stopped themselves (the disk would fill), when they did
+    long_rows: dict[str, Any] | None = None  # conversations longer than max_length and what was done (longrows.py)
     log_history: list[dict[str, Any]] = field(default_factory=list)
     stopped: bool = False
     device: str | None = None

@@ -47,4 +47,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         trainer_args=s.extra_trainer_args, node_timeout_seconds=s.node_timeout_seconds,
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
-        record=d.record(), resume=str(resume) if resume else None)
+        record=d.record(), resume=str(resume) if resume else None, sequence_parallel=d.sequence_parallel,
+        long_rows=s.long_rows)
