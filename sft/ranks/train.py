@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import faults, profiling
+from . import faults, profiling, seqpar
 from .progress import ProgressCallback, StopRequest
 
 
@@ -76,6 +76,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     from .trainer import trainer_arguments
 
     config = trainer_arguments(spec, on_gpu)
+    if spec.sequence_parallel > 1 and spec.resume:
+        seqpar.install()
     dataset = load_conversations(spec.dataset, spec.dataset_split)
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
@@ -86,8 +88,10 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     for c in callbacks:
         if c is not None:
             c.trainer = trainer
-    # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
-    batches = len(trainer.get_train_dataloader())
+    faults.record_token_losses(trainer.model, spec)
+    # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too, and with rows
+    # split over N GPUs each group takes its N ranks' batches in turn (DeepSpeed's UlyssesSPDataLoaderAdapter).
+    batches = len(trainer.get_train_dataloader()) * spec.sequence_parallel
     report.steps_per_epoch = max(math.ceil(batches / spec.grad_accum), 1)
     report.conversations = len(dataset)
     if int(os.environ.get("RANK", "0")) == 0:
