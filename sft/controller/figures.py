@@ -53,6 +53,7 @@ def figures(reports: list[RankReport], s: Settings, started_at: float | None = N
         "peak_reserved_gib": [gib(r.peak_reserved_bytes) for r in reports],
         "device": main.device,
         "steps_per_epoch": main.steps_per_epoch,
+        "long_rows": main.long_rows,
     }
     if any(r.alloc_retries is not None for r in reports):
         out["alloc_retries"] = [r.alloc_retries or 0 for r in reports]

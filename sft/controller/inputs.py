@@ -145,6 +145,24 @@ def split_rows(s: Settings, machine: Machine | None = None) -> list[str]:
     return []
 
 
+def long_rows(s: Settings) -> list[str]:
+    """SFT_LONG_ROWS=error: no conversation longer than SFT_MAX_LENGTH, counted here before any rank starts (the
+    other settings are counted and reported by the ranks, before training)."""
+    from transformers import AutoTokenizer
+
+    from .. import longrows
+    from ..data import DataError, load_conversations
+
+    if s.long_rows != "error":
+        return []
+    try:
+        dataset, tokenizer = load_conversations(s.dataset, s.dataset_split), AutoTokenizer.from_pretrained(s.model)
+    except (DataError, OSError, ValueError):
+        return []  # the data or the tokenizer cannot be read: the ranks, or `model_tokenizer`, say why
+    _, found = longrows.count(dataset, tokenizer, s.max_length, s.long_rows)
+    return [found.problem()] if found.problem() else []
+
+
 def hub_token(s: Settings) -> list[str]:
     """SFT_HUB_REPO needs a token on node 0 (the one that uploads)."""
     from .uploads import token
@@ -167,7 +185,7 @@ def hub_online(s: Settings) -> list[str]:
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
 DECIDING: tuple[Finder, ...] = (ds_file,)
 CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template, ranks, split_rows)
-JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
+JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online, long_rows)
 
 
 def _local_folder(model: str) -> Path | None:

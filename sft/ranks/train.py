@@ -72,6 +72,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     """SFTTrainer on the run's data, with a callback that times steps and watches for a stop."""
     from trl import SFTTrainer
 
+    from .. import longrows
     from ..data import load_conversations
     from .trainer import trainer_arguments
 
@@ -79,6 +80,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     if spec.sequence_parallel > 1 and spec.resume:
         seqpar.install()
     dataset = load_conversations(spec.dataset, spec.dataset_split)
+    dataset, report.long_rows = longrows.prepare(dataset, spec.model, spec.max_length, spec.long_rows)
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
