@@ -48,7 +48,7 @@ def whole(tmp_path_factory) -> Path:
 def split(tmp_path_factory) -> Path:
     """Two ranks, each holding half of every row: one data-parallel group, so the same rows per step."""
     tmp = tmp_path_factory.mktemp("split")
-    result = run_entrypoint(_run(tmp, 2, 2))
+    result = run_entrypoint({**_run(tmp, 2, 2), "SFT_PROBE_STEPS": "3"})  # the probe's ranks split rows too
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp
 
@@ -80,6 +80,7 @@ def test_the_split_is_decided_recorded_and_reported(split):
     summary = read_summary(split / "out")
     assert summary["resolved"]["sequence_parallel"] == 2 and summary["resolved"]["attention"] == "sdpa"
     assert summary["decisions"]["sequence_parallel"].startswith("2 (SFT_SEQUENCE_PARALLEL): each rank holds 1/2")
+    assert summary["probe"]["steps_per_epoch"] == 512  # one group: one row a step (the adapter's turns counted)
     record = CheckpointRecord.load(split / "out" / f"checkpoint-{JOB['max_steps']}" / CheckpointRecord.FILE)
     assert (record.sequence_parallel, record.world_size) == (2, 2)
 
