@@ -1,6 +1,7 @@
 """Rows split over ranks (SFT_SEQUENCE_PARALLEL, DeepSpeed's Ulysses through Accelerate's ParallelismConfig), end
 to end on CPU: gloo carries Ulysses' all-to-all, so two CPU ranks sharing each row must compute, token by token,
-what one rank computes with the whole row; a checkpoint records the split and a resume keeps it.
+what one rank computes with the whole row, epoch after epoch; a checkpoint records the split and a resume
+keeps it.
 
 gloo's all_gather refuses tensors of different sizes, which DeepSpeed's batch adapter sends when ranks' rows
 differ in length: on CPU ranks rows are padded to the whole SFT_MAX_LENGTH (ranks/trainer.py row_padding). The
@@ -9,16 +10,14 @@ GPUs' path (rows padded to a multiple of N, NCCL) is tests/test_gpu.py's."""
 from __future__ import annotations
 
 import json
-import os
-import signal
+import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import demo_env, read_summary, run_entrypoint, step_losses
+from conftest import DEMO_DATA, demo_env, read_summary, run_entrypoint, step_losses
 from sft import exitcodes
 from sft.handoff import CheckpointRecord
-from test_job import _start, _wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -85,17 +84,28 @@ def test_the_split_is_decided_recorded_and_reported(split):
     assert (record.sequence_parallel, record.world_size) == (2, 2)
 
 
-def test_a_resume_keeps_the_split_and_refuses_another(whole, tmp_path):
-    env = _run(tmp_path, 2, 2, record=False)
-    log = tmp_path / "job.log"
-    proc = _start(env, log)
-    _wait_for(tmp_path / "out" / "checkpoint-10" / "trainer_state.json", proc, log)
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=300)
-    assert proc.returncode == exitcodes.STOPPED, log.read_text()[-3000:]
-    stopped_at = read_summary(tmp_path / "out")["train"]["global_step"]
-    assert stopped_at < JOB["max_steps"]
+def test_two_epochs_and_a_resume_in_the_second_keep_the_whole_rows_order(tmp_path):
+    """Two epochs of 24 conversations, split and whole: the same rows in the same order, epoch by epoch (the
+    Trainer's epochs through DeepSpeed's batch adapter, ranks/seqpar.py). Then the VM dies after checkpoint-27
+    (final/ and the later checkpoints gone): a start asking for another split is refused, and one with auto
+    resumes with the checkpoint's, three rows into the second epoch (an odd number: half a turn of the
+    adapter), and trains what the uninterrupted runs trained."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:24]))
+    two_epochs = {"SFT_DATASET": str(data), "SFT_MAX_STEPS": "-1", "SFT_EPOCHS": "2", "SFT_SAVE_STEPS": "9",
+                  "SFT_SAVE_TOTAL_LIMIT": "10"}
+    losses = {}
+    for name, ranks in (("whole", 1), ("split", 2)):
+        env = {**_run(tmp_path / name, ranks, ranks, record=False), **two_epochs}
+        result = run_entrypoint(env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        losses[name] = step_losses(read_summary(tmp_path / name / "out"))
+    assert sorted(losses["split"]) == list(range(1, 49))  # 24 rows an epoch, one a step
+    assert losses["split"] == pytest.approx(losses["whole"], abs=1e-4)
 
+    out = tmp_path / "split" / "out"
+    for gone in ("final", "checkpoint-36", "checkpoint-45", "checkpoint-48"):
+        shutil.rmtree(out / gone)
     other = run_entrypoint({**env, "SFT_SEQUENCE_PARALLEL": "1"})
     assert other.returncode == exitcodes.PREFLIGHT, other.stdout[-3000:]
     assert ("SFT_SEQUENCE_PARALLEL='1': the checkpoint to resume split each row over 2 ranks" in other.stdout
@@ -103,10 +113,9 @@ def test_a_resume_keeps_the_split_and_refuses_another(whole, tmp_path):
 
     again = run_entrypoint({**env, "SFT_SEQUENCE_PARALLEL": "auto"})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    summary = read_summary(tmp_path / "out")
-    assert summary["resumed_from"].endswith(f"checkpoint-{stopped_at}")
+    summary = read_summary(out)
+    assert summary["resumed_from"].endswith("checkpoint-27")
     assert summary["decisions"]["sequence_parallel"] == "2, as the checkpoint resumed was written"
-    # the steps after the resume read the rows the uninterrupted run read, and compute what one rank computes
-    reference, losses = step_losses(read_summary(whole / "out")), step_losses(summary)
-    after = [k for k in reference if k > stopped_at]
-    assert after and max(abs(losses[k] - reference[k]) for k in after) < 1e-4
+    resumed = step_losses(summary)
+    assert {k: resumed[k] for k in range(28, 49)} == pytest.approx({k: losses["split"][k] for k in range(28, 49)},
+                                                                     abs=1e-6)

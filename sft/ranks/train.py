@@ -77,8 +77,6 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     from .trainer import trainer_arguments
 
     config = trainer_arguments(spec, on_gpu)
-    if spec.sequence_parallel > 1 and spec.resume:
-        seqpar.install()
     dataset = load_conversations(spec.dataset, spec.dataset_split)
     dataset, report.long_rows = longrows.prepare(dataset, spec.model, spec.max_length, spec.long_rows)
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
@@ -90,6 +88,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     for c in callbacks:
         if c is not None:
             c.trainer = trainer
+    if spec.sequence_parallel > 1:
+        seqpar.install(trainer)
     faults.record_token_losses(trainer.model, spec)
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too, and with rows
     # split over N GPUs each group takes its N ranks' batches in turn (DeepSpeed's UlyssesSPDataLoaderAdapter).
