@@ -154,7 +154,7 @@ def test_a_token_in_trainer_args_is_refused_and_never_shown(isolated_env):
 
 
 def test_liger_kernels_true_needs_liger_and_triton(isolated_env):
-    from sft.settings import liger_available
+    from sft.settings_checks import liger_available
 
     if liger_available():
         pytest.skip("liger-kernel and triton are installed here: the error cannot happen")
