@@ -185,7 +185,7 @@ def test_a_hub_dataset_and_model_at_their_revisions(hub_run):
     assert summary["model_revision"] == main_model  # the branch the job found, as a commit
     assert summary["decisions"]["model"] == f"alice/tiny at commit {main_model} (its main branch at start)"
     assert summary["eval"]["evaluations"] == 2
-    assert f"(commit `{main_model}`)" in card and f"`alice/mix` at commit `{first_data}`" in card
+    assert f"- base model commit: `{main_model}`" in card and f"`alice/mix` at commit `{first_data}`" in card
     assert f"evaluation (6 rows) at step {STEPS}: loss " in card and "token accuracy" in card
 
 

@@ -37,11 +37,13 @@ pytestmark = pytest.mark.slow
 
 TOKEN = "hf_FAKE-service-secret-Wq3Zr5Xt9Ks2LmPd7Nb4"  # searched for in every file and line at the end
 MODEL_REPO = "alice/tiny-qwen3"  # the demo model, served by the local Hub: the card links it as the base model
-EPOCHS = 3  # 192 steps: long enough for a time limit to fall inside training on a slowed machine
-TOTAL_STEPS = EPOCHS * 64
+EPOCHS = 3  # 174 steps: long enough for a time limit to fall inside training on a slowed machine
+STEPS_PER_EPOCH = 64 - 6  # the demo's 64 rows, 6 of them (SFT_EVAL_FRACTION=0.1) held out for evaluation
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 JOB = dict(zero_stage="2", precision="fp32", seed=0, learning_rate=2e-3, logging_steps=1, probe_steps=0,
-           save_steps=8, save_total_limit=2, upload_minutes=0.02, packing="false", epochs=EPOCHS)
-SLOW_STEP_S = 0.5  # SFTTEST_STEP_SECONDS of the time-limit run: 192 steps take at least 96 s
+           save_steps=8, save_total_limit=2, upload_minutes=0.02, packing="false", epochs=EPOCHS,
+           eval_fraction=0.1, eval_steps=32)  # every run evaluates on the same held-out rows, so losses compare
+SLOW_STEP_S = 0.5  # SFTTEST_STEP_SECONDS of the time-limit run: 174 steps take at least 87 s
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
 SCANNED: list[Path] = []
 OUTPUTS: list[str] = []
@@ -129,11 +131,6 @@ def head_files(hub: HubProcess, repo: str, branch: str = "main") -> dict[str, di
 def tracked(hub, tmp_path_factory) -> Run:
     tmp = tmp_path_factory.mktemp("tracked")
     settings = dict(report_to="tensorboard,trackio", run_name="svc-run")
-    # Evaluation (SFT_EVAL_*) comes with the data issue; where the settings have it, this run evaluates too.
-    from sft.settings import Settings
-
-    if {"eval_fraction", "eval_steps"} <= set(Settings.__dataclass_fields__):
-        settings.update(eval_fraction=0.1, eval_steps=32)
     run = run_job(env_for(hub, tmp, "alice/svc", token_in_file=True, **settings))
     assert run.code == 0, run.output[-4000:]
     return run
@@ -186,7 +183,8 @@ def test_events_tell_the_run_in_order_with_utc_times(tracked):
     found = events(tracked.out)
     assert isinstance(found[0], SettingsResolved) and found[0].settings["report_to"] == "tensorboard,trackio"
     saved = [e for e in found if isinstance(e, CheckpointSaved)]
-    assert [e.step for e in saved] == list(range(8, TOTAL_STEPS + 1, 8)) and all(e.seconds > 0 for e in saved)
+    every_8 = sorted({*range(8, TOTAL_STEPS + 1, 8), TOTAL_STEPS})  # SFT_SAVE_STEPS=8, and the Trainer's at the end
+    assert [e.step for e in saved] == every_8 and all(e.seconds > 0 for e in saved)
     started = [e for e in found if isinstance(e, UploadStarted)]
     finished = [e for e in found if isinstance(e, UploadFinished)]
     assert started and len(finished) == len(started) and all(e.ok and e.bytes > 0 and e.seconds > 0 for e in finished)
@@ -199,7 +197,7 @@ def test_every_line_the_controller_prints_carries_its_time(tracked):
     ours = [line for line in tracked.output.splitlines() if re.search(
         r"(hub: |decided:|preflight:|train: ZeRO|upload: |done: exit code|\$ .*torch.distributed.run)", line)
         and "it/s]" not in line]  # the Trainer's progress bar shares a line with whatever follows it
-    assert len(ours) >= 8 and all(STAMP.match(line) for line in ours), [l for l in ours if not STAMP.match(l)]
+    assert len(ours) >= 8 and all(STAMP.match(line) for line in ours), [x for x in ours if not STAMP.match(x)]
 
 
 def test_status_from_the_folder_and_from_the_repo(tracked, hub, tmp_path):
@@ -269,7 +267,7 @@ def _startup_seconds(run: Run) -> float:
 @pytest.fixture(scope="module")
 def limited(hub, tracked, tmp_path_factory) -> dict:
     """SLURM's end time set so that the limit falls inside training: the start-up as the tracked run took it, half
-    again for a busier machine, and 45 s of slowed steps (of the 96 s or more that 192 steps take)."""
+    again for a busier machine, and 45 s of slowed steps (of the 87 s or more that 174 steps take)."""
     tmp = tmp_path_factory.mktemp("limited")
     env = env_for(hub, tmp, "alice/svc-time", hub_revision="run-1", time_limit="2h")
     end = int(time.time() + 1.5 * _startup_seconds(tracked) + 45)
@@ -351,7 +349,7 @@ def test_the_next_start_resumes_from_the_hub_and_trains_as_if_never_stopped(resu
 # The budget gate
 # --------------------------------------------------------------------------------------------
 
-# A second of this machine costs 1 (3,600 per hour); 64 steps slowed to 0.2 s or more cost 13 or more
+# A second of this machine costs 1 (3,600 per hour); 58 steps slowed to 0.2 s or more cost 11.6 or more
 BUDGET = dict(epochs=1, probe_steps=6, price_per_hour=3600, max_cost=8)
 
 
@@ -369,9 +367,10 @@ def test_over_budget_is_refused_before_training_naming_what_would_fit(refused):
     assert summary["status"] == "over budget" and summary["train"] is None
     budget = summary["budget"]
     assert budget["verdict"] == "refuse" and "exceeds SFT_MAX_COST=8" in budget["reason"]
-    assert "64 steps" in budget["reason"] and f"{summary['probe']['projected_cost']:.2f}" in budget["reason"]
+    cost = f"{summary['probe']['projected_cost']:.2f}"
+    assert f"{STEPS_PER_EPOCH} steps" in budget["reason"] and cost in budget["reason"]
     steps = int(re.match(r"SFT_MAX_STEPS=(\d+)", budget["fits"][0]).group(1))
-    assert 1 <= steps < 64 and any(f.startswith("SFT_BUDGET_ACTION=truncate") for f in budget["fits"])
+    assert 1 <= steps < STEPS_PER_EPOCH and any(f.startswith("SFT_BUDGET_ACTION=truncate") for f in budget["fits"])
     assert "error: budget: the projected run" in refused.output and "SFT_MAX_STEPS=" in refused.output
     assert not list(refused.out.glob("checkpoint-*")) and not (refused.out / "final").exists()
     assert not (refused.out / "run" / "spec-train.json").exists()  # no rank started to train
@@ -389,7 +388,7 @@ def test_truncate_trains_the_steps_that_fit_and_finishes_normally(truncated):
     assert truncated.code == 0, truncated.output[-4000:]
     summary = read_summary(truncated.out)
     budget = summary["budget"]
-    assert budget["verdict"] == "truncate" and 1 <= budget["max_steps"] < 64
+    assert budget["verdict"] == "truncate" and 1 <= budget["max_steps"] < STEPS_PER_EPOCH
     assert summary["status"] == "done" and summary["train"]["global_step"] == budget["max_steps"]
     assert summary["decisions"]["max_steps"].startswith(f"{budget['max_steps']} steps, the steps that fit")
     probe = summary["probe"]

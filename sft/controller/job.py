@@ -338,7 +338,7 @@ def train_results(reports: list, wall: float) -> dict:
     result.update(status=main.status, global_step=main.global_step, train_runtime=main.train_runtime,
                   train_loss=main.train_loss, num_tokens=main.num_tokens, tokens_before=main.tokens_before,
                   stop_reason=main.stop_reason, error=main.error, log_history=main.log_history,
-                  eval_seconds=round(main.eval_seconds, 1))
+                  eval_seconds=round(main.eval_seconds, 3))
     if main.num_tokens and main.train_runtime:  # this start's tokens in this start's time
         result["tokens_per_second"] = round((main.num_tokens - main.tokens_before) / main.train_runtime, 1)
     if rates := figures.steady_rates(main.steps):
