@@ -149,8 +149,9 @@ def config() -> None:
     spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
     args = trainer_arguments(spec, d.ranks.on_gpu, in_rank=False)
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
-    filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world, AutoConfig.from_pretrained(s.model),
-                              max(s.max_steps, 1))
+    # DeepSpeed's train_batch_size counts data-parallel ranks: world / the GPUs that share each row
+    filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world // d.sequence_parallel,
+                              AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
     click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
                            "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
                            "deepspeed": filled}, indent=2))
@@ -235,9 +236,11 @@ def decided_or_exit(given):
 @click.option("--host-memory", type=float, help="Host RAM per node in GiB (default: detected).")
 @click.option("--liger/--no-liger", default=None, help="Liger's kernels (default: SFT_LIGER_KERNELS, auto: on "
               "with GPUs here and liger-kernel installed).")
+@click.option("--sequence-parallel", help="auto, or GPUs of a node that share each row (default: "
+              "SFT_SEQUENCE_PARALLEL; a split needs SFT_PACKING=false).")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs (GiB: bytes / 2**30, two decimals).")
 def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gradient_checkpointing, host_memory,
-         liger, as_json):
+         liger, sequence_parallel, as_json):
     """Predict memory per GPU for every ZeRO option and decide as the job would (reads config.json only)."""
     from dataclasses import replace
 
@@ -259,7 +262,7 @@ def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gr
     switch = {True: "true", False: "false", None: None}
     asked = {"model": model, "micro_batch": micro_batch, "grad_accum": grad_accum, "max_length": max_length,
              "gradient_checkpointing": switch[gradient_checkpointing], "liger_kernels": switch[liger],
-             "batch_search": "false"}
+             "batch_search": "false", "sequence_parallel": _auto_or_int("--sequence-parallel", sequence_parallel)}
     s = replace(s, **{k: v for k, v in asked.items() if v is not None})
     given = inputs_or_exit(s, found)
     try:
@@ -274,6 +277,14 @@ def plan(model, gpus, gpu_memory, nodes, micro_batch, grad_accum, max_length, gr
         click.echo(json.dumps({**p.to_dict(), "decision": d.resolved() if d else None}, indent=2))
     else:
         click.echo(format_table(p) + "\n\ndecided:\n" + explained)
+
+
+def _auto_or_int(option: str, value: str | None) -> int | str | None:
+    if value is None or value.lower() == "auto":
+        return value and "auto"
+    if not value.isdigit() or int(value) < 1:
+        raise click.BadParameter(f"{value!r}: expected auto or a whole number of GPUs", param_hint=option)
+    return int(value)
 
 
 @cli.command()

@@ -115,6 +115,7 @@ class CheckpointRecord(Record):
     batch: Split | None = None  # set when a batch search chose the split: a resume keeps it
     tokens: int | None = None  # tokens trained on up to this checkpoint (TRL's count, all ranks): a resume counts on
     max_steps: int | None = None  # set when the budget capped the run's steps: a resume stops there too
+    sequence_parallel: int = 1  # GPUs sharing each row: it sets the rows each step reads, so a resume keeps it
 
     FILE: typing.ClassVar[str] = "sft_job.json"
 
@@ -149,6 +150,7 @@ class DataPlan(Record):
     eval_steps: int | None = None  # evaluate every this many steps (and at the end); None: no evaluation
     loss_on: str = "all"  # all, assistant, completion
     seed: int = 42  # draws the mixture and the held-out rows
+    dropped: list[int] = field(default_factory=list)  # SFT_LONG_ROWS=drop: training rows left out, by position
 
     @property
     def evaluates(self) -> bool:
@@ -194,6 +196,7 @@ class RunSpec(Record):
     run_dir: str = ""  # OUTPUT/run: rank 0 appends events.jsonl and rewrites progress.json there
     model_revision: str | None = None  # the model's commit, resolved at start (None: a local folder)
     chat_template: str | None = None  # SFT_CHAT_TEMPLATE: TRL's chat_template_path
+    sequence_parallel: int = 1  # GPUs that share each row (DeepSpeed's Ulysses); 1: off
 
 
 @dataclass

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import nodes, stages
-from .data import entries as data_entries
-from .data import looks_local
 from .settings_data import TrainedOn
 from .settings_data import setting as _setting
 
@@ -32,9 +30,9 @@ CHECKPOINTING = (*SWITCH, "offload")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
 BUDGET_ACTIONS = ("refuse", "truncate")
+LONG_ROWS = ("truncate", "drop", "error")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
-HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
 # The variables of the ecosystem the job reads under their own names (documented, never SFT_).
 ECOSYSTEM_VARS = {
     "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO, found as huggingface_hub finds it: HF_TOKEN, "
@@ -61,7 +59,8 @@ class Settings(TrainedOn):
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
     epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
-    tokens_per_step: int = _setting(8192, "Tokens per GPU per optimizer step, as rows of SFT_MAX_LENGTH tokens (at "
+    tokens_per_step: int = _setting(8192, "Tokens per GPU (per group of SFT_SEQUENCE_PARALLEL GPUs that share "
+                                    "each row) per optimizer step, as rows of SFT_MAX_LENGTH tokens (at "
                                     "least one): 8192 is 4 packed rows of 2048, about twice the seed's 4 "
                                     "conversations. A longer SFT_MAX_LENGTH keeps it (fewer, longer rows), so "
                                     "raising the length does not multiply the data per step. Used where "
@@ -79,7 +78,16 @@ class Settings(TrainedOn):
                                  "fastest: the same rows per step. auto: on GPUs, unless SFT_MICRO_BATCH or "
                                  "SFT_GRAD_ACCUM is set; true: every split that fits (3 at most), CPU too; false.",
                                  choices=SWITCH)
-    max_length: int = _setting(2048, "Tokens per sequence; longer conversations are truncated.", min=8)
+    max_length: int = _setting(2048, "Tokens per sequence (row); longer rows: SFT_LONG_ROWS.", min=8)
+    long_rows: str = _setting("truncate", "Training rows longer than SFT_MAX_LENGTH, every one counted by the data "
+                              "step before any rank starts: truncate (TRL cuts each at the length), drop (left "
+                              "out), or error (exit 2 before anything is written, naming how many and the "
+                              "longest).", choices=LONG_ROWS)
+    sequence_parallel: int | str = _setting("auto", "GPUs of a node that share each row (DeepSpeed's Ulysses sequence "
+                                            "parallelism; each holds 1/N of its tokens), so rows too long for one GPU "
+                                            "train. Needs SFT_PACKING=false and sdpa attention. auto: 1, or on "
+                                            "several GPUs the fewest that fit a row where one GPU cannot.", min=1,
+                                            auto=True)
     packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "
                              "itself (SFT_MICRO_BATCH then counts rows); false: one padded conversation per row.")
     attention: str = _setting("auto", "Attention kernel: " + ", ".join(ATTENTIONS) + "; auto: flex_attention on "
@@ -212,6 +220,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         values["batch_search"] = "false"  # a split the user wrote is kept as written
     # A value that did not parse keeps its default here, so one typo does not hide the other problems.
     settings = Settings(**values)
+    from .settings_checks import check  # it imports this module
+
     problems += check(settings)
     if problems:
         raise SettingsError(problems, settings)
@@ -240,10 +250,13 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
                 raise ValueError("expected auto, true, false or offload") from None
             raise
     if "int" in kind:
+        if f.metadata.get("auto") and raw.lower() == "auto":
+            return "auto"
         try:
             value: Any = int(raw)
         except ValueError:
-            raise ValueError("expected a whole number") from None
+            raise ValueError("expected auto or a whole number" if f.metadata.get("auto") else
+                             "expected a whole number") from None
     elif "float" in kind:
         try:
             value = float(raw)
@@ -279,100 +292,3 @@ def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
 def _bad(var: str, value: Any, message: str) -> str:
     """One problem, as every message reads: the variable, its value as given, what would be valid."""
     return f"{var}={str(value)!r}: {message}"
-
-
-def check(s: Settings) -> list[str]:
-    """Checks that involve more than one variable's syntax: files, formats, combinations."""
-    from .settings_service import service_problems
-
-    problems = []
-    if s.max_steps == 0:
-        problems.append(_bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
-    problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
-    problems += data_entries.settings_problems(s)
-    if s.ds_config is not None:
-        problems += _check_ds_config(s)
-    if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
-        problems.append(_bad("SFT_GPUS", s.gpus, "expected all, or GPU indices such as 0,1,2,3"))
-    elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
-        problems.append(_bad("SFT_GPUS", s.gpus, "a GPU is listed twice"))
-    if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
-        problems.append(_bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
-    if s.trainer_args is not None:
-        problems += _check_trainer_args(s.trainer_args)
-    if s.liger_kernels == "true" and not liger_available():
-        problems.append(_bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
-                             "(the image has them): install them, or use auto or false"))
-    problems += _check_output_dir(s.output_dir)
-    problems += service_problems(s)
-    return problems
-
-
-def liger_available() -> bool:
-    """liger-kernel and the Triton it compiles with are importable (found, not imported: Triton is slow)."""
-    import importlib.util
-
-    return all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
-
-
-def _check_trainer_args(value: str) -> list[str]:
-    shown = HF_TOKEN_TEXT.sub("hf_***", value)  # a token typed in here must not reach the log either
-    try:
-        args = json.loads(value)
-    except json.JSONDecodeError as e:
-        return [_bad("SFT_TRAINER_ARGS", shown, f"not JSON ({e})")]
-    if not isinstance(args, dict):
-        return [_bad("SFT_TRAINER_ARGS", shown, 'expected a JSON object such as {"dataloader_num_workers": 2}')]
-    if "hub_token" in args:
-        shown = json.dumps({**args, "hub_token": "***"})
-    from trl import SFTConfig  # only when the setting is used: TRL takes seconds to import
-
-    from .ranks.trainer import OWNED_ARGS
-
-    known = {f.name for f in dataclasses.fields(SFTConfig)}
-    problems = []
-    for name in args:
-        if name in OWNED_ARGS:
-            problems.append(_bad("SFT_TRAINER_ARGS", shown, f"{name} is set by the job: use {OWNED_ARGS[name]}"))
-        elif name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
-            problems.append(_bad("SFT_TRAINER_ARGS", shown, f"{name}: unknown argument ({hint})"))
-    return problems
-
-
-def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
-    path = Path(os.path.expanduser(value))
-    if not looks_local(value):
-        if REPO_ID.match(value):
-            return []
-        return [_bad(var, value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B")]
-    if not path.exists():
-        return [_bad(var, value, "no such file or folder")]
-    if expect_dir and not (path / "config.json").is_file():
-        return [_bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
-    return []
-
-
-def _check_ds_config(s: Settings) -> list[str]:
-    try:
-        config = s.user_ds_config
-    except FileNotFoundError:
-        return [_bad("SFT_DS_CONFIG", s.ds_config, "no such file")]
-    except (OSError, json.JSONDecodeError) as e:
-        return [_bad("SFT_DS_CONFIG", s.ds_config, f"not a readable JSON file ({e})")]
-    if not isinstance(config, dict) or "zero_optimization" not in config:
-        return [_bad("SFT_DS_CONFIG", s.ds_config, "expected a DeepSpeed config with a zero_optimization section")]
-    return []
-
-
-def _check_output_dir(value: str) -> list[str]:
-    # Find the nearest folder that exists: the job creates the rest. Nothing is written here.
-    path = Path(os.path.expanduser(value)).absolute()
-    if path.exists() and not path.is_dir():
-        return [_bad("SFT_OUTPUT_DIR", value, "exists and is not a folder")]
-    while not path.exists():
-        path = path.parent
-    if not os.access(path, os.W_OK | os.X_OK):
-        return [_bad("SFT_OUTPUT_DIR", value, f"{path} is not writable (mount a writable folder there)")]
-    return []

@@ -48,8 +48,10 @@ def test_the_data_command_shows_the_tokens_that_carry_the_loss(tmp_path):
                    micro_batch=1)
     result = run_entrypoint(env, "data", "--rows", "1")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith(f"data: SFT_DATASET: conversational language modeling, 30 rows from {path}\n"
-                                    "loss on: assistant turns only (SFT_LOSS_ON)\n")
+    first = result.stdout.splitlines()[:3]
+    assert first[0] == f"data: SFT_DATASET: conversational language modeling, 30 rows from {path}"
+    assert first[1].startswith("data: long rows: none of the 30 training rows is longer than SFT_MAX_LENGTH=128 ")
+    assert first[2] == "loss on: assistant turns only (SFT_LOSS_ON)"
     # the first row opens with a system turn: context, as the user's; each assistant turn is learned
     assert ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nRepeat after me: coal plum<|im_end|>\n"
             "<|im_start|>assistant\n⟦coal plum<|im_end|>⟧\n") in result.stdout

@@ -261,6 +261,109 @@ def test_a_cpu_host_never_offloads_checkpoints():
     assert d.split.gradient_checkpointing and not d.split.offload_activations
 
 
+# --- rows split over the GPUs of a node (SFT_SEQUENCE_PARALLEL, DeepSpeed's Ulysses)
+
+EIGHT_H200 = Machine(gpus=(H200,) * 8, host_memory_bytes=2000 * GIB, liger_installed=True)
+MILLION = 1_048_576
+
+
+def test_rows_split_over_the_gpus_asked():
+    d = decided(shape=Q8, machine=EIGHT_H200, sequence_parallel=2, packing=False, max_length=262144)
+    assert (d.sequence_parallel, d.attention, d.compile) == (2, "sdpa", False)
+    assert d.reasons["sequence_parallel"] == ("2 (SFT_SEQUENCE_PARALLEL): each GPU holds 1/2 of each row, "
+                                              "4 data-parallel group(s)")
+    assert d.reasons["attention"].startswith("sdpa, auto with rows split over GPUs")
+    assert d.reasons["compile"].startswith("off, auto with rows split over GPUs")
+    assert "262,144 tokens per group of 2 GPUs per step" in d.reasons["split"]
+    assert d.plan.setup.row_tokens == 131072 and d.row == d.plan.row(d.stage.name)
+    assert d.record().sequence_parallel == 2 and d.resolved()["sequence_parallel"] == 2
+    assert decided(shape=Q8, machine=EIGHT_H200).sequence_parallel == 1  # the defaults pack: never split
+
+
+def test_auto_splits_a_row_over_the_fewest_gpus_that_hold_it():
+    one = decided(shape=Q8, machine=EIGHT_H200, packing=False, max_length=131072)
+    assert one.sequence_parallel == 1
+    assert one.reasons["sequence_parallel"] == "1, auto: a row of 131,072 tokens fits on one GPU"
+    d = decided(shape=Q8, machine=EIGHT_H200, packing=False, max_length=MILLION)
+    n = d.sequence_parallel
+    assert n > 1 and d.row.fits and d.reasons["sequence_parallel"].startswith(
+        f"{n}, auto: one GPU cannot hold a row of 1,048,576 tokens; split over {n}, each holds {MILLION // n:,}")
+    for fewer in (1, *(m for m in (2, 4) if m < n)):  # nothing fits on fewer GPUs a row
+        with pytest.raises(CannotRun):
+            decided(shape=Q8, machine=EIGHT_H200, packing=False, max_length=MILLION, sequence_parallel=fewer)
+
+
+def test_auto_does_not_split_where_it_cannot_keep_the_rows_meaning():
+    assert decided().reasons["sequence_parallel"] == "1, auto: one GPU per node"
+    cpu = decided(shape=TINY, machine=CPU_HOST, packing=False, max_length=64)
+    assert cpu.sequence_parallel == 1 and "on CPU: CPU ranks split rows only when SFT_SEQUENCE_PARALLEL asks" in (
+        cpu.reasons["sequence_parallel"])
+    with pytest.raises(CannotRun) as e:  # packed rows: a split would let conversations attend to each other
+        decided(shape=Q8, machine=EIGHT_H200, max_length=MILLION)
+    assert e.value.exit_code == exitcodes.PREFLIGHT and str(e.value).startswith("no ZeRO option fits this machine")
+    assert "(rows split over GPUs: 1, auto: SFT_PACKING=true: a split row needs SFT_PACKING=false)" in str(e.value)
+    with pytest.raises(CannotRun, match="SFT_ATTENTION=flex_attention: a split row needs sdpa"):
+        decided(shape=Q8, machine=EIGHT_H200, max_length=MILLION, packing=False, attention="flex_attention")
+
+
+@pytest.mark.parametrize("n,machine,shape,message", [
+    (3, EIGHT_H200, Q8, "SFT_SEQUENCE_PARALLEL='3': 3 does not divide the 8 rank(s) of a node (each row's GPUs are "
+                        "on one node); the model's 32 attention heads (8 key/value) do not split over 3 GPUs "
+                        "(splits that fit here: 2, 4, 8)"),
+    (16, EIGHT_H200, Q8, "16 does not divide the 8 rank(s) of a node"),
+    (4, CPU_HOST, TINY, "SFT_SEQUENCE_PARALLEL='4': 4 does not divide the 2 rank(s) of a node"),
+    # gloo: a row's ranks must be all of them (torch's differentiable all_gather, backward)
+    (2, CPU_HOST, TINY, "SFT_SEQUENCE_PARALLEL='2': CPU ranks (gloo) split rows only over all of them: set it to "
+                        "SFT_CPU_RANKS=4"),
+])
+def test_a_split_the_node_or_the_model_cannot_take(n, machine, shape, message):
+    with pytest.raises(CannotRun) as e:
+        decided(shape=shape, machine=machine, sequence_parallel=n, packing=False, max_length=96,
+                cpu_ranks=4 if n == 2 else 2)
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS and message in str(e.value)
+
+
+def test_a_split_asks_for_unpacked_rows_sdpa_and_a_length_it_divides():
+    with pytest.raises(CannotRun) as e:
+        decided(shape=TINY, machine=CPU_HOST, sequence_parallel=2, attention="eager", max_length=63)
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS
+    assert str(e.value).split("; ") == [
+        "SFT_SEQUENCE_PARALLEL='2': needs SFT_PACKING=false: Ulysses attention over sdpa drops the mask that keeps "
+        "packed conversations apart, so they would attend to each other",
+        "SFT_SEQUENCE_PARALLEL='2': needs SFT_ATTENTION=auto or sdpa: DeepSpeed's Ulysses wraps sdpa, not eager",
+        "SFT_SEQUENCE_PARALLEL='2': needs an SFT_MAX_LENGTH that 2 divides: each GPU holds an equal share of a row"]
+    d = decided(shape=TINY, machine=CPU_HOST, sequence_parallel=2, packing=False, max_length=64)
+    assert (d.sequence_parallel, d.attention, d.ranks.count) == (2, "sdpa", 2)
+
+
+def test_a_resume_keeps_the_checkpoints_split_and_refuses_another():
+    record = CheckpointRecord("2", 8, sequence_parallel=2)
+    d = decided(shape=Q8, machine=EIGHT_H200, record=record, packing=False)
+    assert d.sequence_parallel == 2 and d.reasons["sequence_parallel"] == "2, as the checkpoint resumed was written"
+    same = decided(shape=Q8, machine=EIGHT_H200, record=record, packing=False, sequence_parallel=2)
+    assert same.sequence_parallel == 2
+    with pytest.raises(CannotRun) as e:
+        decided(shape=Q8, machine=EIGHT_H200, record=record, packing=False, sequence_parallel=4)
+    assert e.value.exit_code == exitcodes.PREFLIGHT
+    assert str(e.value).startswith("SFT_SEQUENCE_PARALLEL='4': the checkpoint to resume split each row over 2 ranks")
+    assert decided(shape=Q8, machine=EIGHT_H200, record=CheckpointRecord("2", 8)).sequence_parallel == 1  # older
+
+
+def test_a_split_row_divides_what_grows_with_its_tokens_not_the_model_states():
+    split = decided(shape=Q8, machine=EIGHT_H200, sequence_parallel=2, packing=False, max_length=262144,
+                    zero_stage="2", gradient_checkpointing="true")
+    half = decided(shape=Q8, machine=EIGHT_H200, packing=False, max_length=131072, zero_stage="2",
+                   gradient_checkpointing="true", sequence_parallel=1)
+    whole = decided(shape=Q8, machine=EIGHT_H200, packing=False, max_length=262144, zero_stage="2",
+                    gradient_checkpointing="true", sequence_parallel=1)
+    assert (split.row.activations, split.row.logits) == (half.row.activations, half.row.logits)
+    assert split.row.activations < whole.row.activations and split.row.logits < whole.row.logits
+    assert (split.row.model_states, split.row.buckets, split.row.optimizer_step) == (
+        whole.row.model_states, whole.row.buckets, whole.row.optimizer_step)
+    # the longest row: one GPU holds 1/2 of it, so it doubles (to the search's 1,024-token steps)
+    assert abs(split.row.longest_row - 2 * whole.row.longest_row) <= 2 * 1024
+
+
 # --- the output folder's disk (planner/disk.py)
 
 PER_PARAM = [
@@ -425,3 +528,19 @@ def test_the_decision_carries_the_data_plan_and_the_models_commit():
     assert d.reasons["model"] == f"Qwen/Qwen3-8B at commit {'b' * 40} (SFT_MODEL_REVISION=v1)"
     assert d.resolved()["loss_on"] == "completion" and d.resolved()["model_revision"] == "b" * 40
     assert decided().data is None and "loss" not in decided().reasons  # `plan` decides without the data
+
+
+def test_a_split_checkpoint_on_another_number_of_gpus_is_converted_keeping_its_split_and_its_cap():
+    """Main's resharding with rows split over GPUs: the checkpoint's SFT_SEQUENCE_PARALLEL stays, and the rows of
+    a step are its data-parallel groups' (world / N), which the new groups share."""
+    record = CheckpointRecord("2", 8, max_steps=50, sequence_parallel=2)  # 4 groups x 4 x 1: 16 rows per step
+    d = decided(shape=Q8, machine=FOUR_H200, record=record, packing=False)
+    assert (d.sequence_parallel, d.reshard.from_world, d.reshard.to_world) == (2, 8, 4)
+    assert split_of(d)[:2] == (4, 2) and d.reshard.rows == 16 == d.ranks.world // 2 * d.split.rows
+    assert d.reasons["split"] == "4 x 2 on each of 2 data-parallel groups of 2 ranks: the checkpoint's 16 rows per step"
+    assert d.ds_config["checkpoint"] == {"load_universal": True} and d.max_steps == 50
+    written = d.record()  # a later resume keeps the split, the cap and the groups' split of the rows
+    assert (written.world_size, written.sequence_parallel, written.max_steps, written.batch) == (4, 2, 50, d.split)
+    with pytest.raises(CannotRun, match=r"SFT_SEQUENCE_PARALLEL='2': 2 does not divide the 3 rank\(s\) of a node"):
+        decided(shape=Q8, machine=Machine(gpus=(H200,) * 3, host_memory_bytes=400 * GIB), record=record,
+                packing=False)

@@ -37,3 +37,49 @@ def test_sft_gpus_naming_a_gpu_that_is_not_there_is_reported_with_the_other_prob
     assert problems == ["  - SFT_MICRO_BATCH='0': expected at least 1",
                         f"  - SFT_GPUS='0,{count}': this machine shows {count} GPU(s) (0-{count - 1}); no GPU {count}"]
     assert not (tmp_path / "out").exists()
+
+
+# Rows split over GPUs (SFT_SEQUENCE_PARALLEL): tests/test_seqpar.py runs the same comparison on CPU ranks, where
+# gloo needs every row padded to the whole SFT_MAX_LENGTH and one group of all the ranks. These are the NCCL
+# paths those cannot reach: rows padded only to a multiple of N, ranks' rows of different lengths gathered by
+# DeepSpeed's batch adapter, and several data-parallel groups. Not yet run: no machine with 2 GPUs was lent.
+SPLIT_JOB = dict(max_length=64, packing="false", zero_stage="2", precision="fp32", attention="sdpa", compile="false",
+                 probe_steps=0, logging_steps=1, micro_batch=1, grad_accum=1, learning_rate=1e-3, seed=0,
+                 max_steps=20, save_steps=20)
+
+
+def _token_rows(path):
+    return [json.loads(line)[0] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: a row split over 2 of them (NCCL)")
+def test_a_row_split_over_two_gpus_gives_the_whole_rows_token_losses(tmp_path):
+    runs = {}
+    for name, gpus, n in (("whole", "0", 1), ("split", "0,1", 2)):
+        env = demo_env(tmp_path / name, gpus=gpus, sequence_parallel=n, **SPLIT_JOB)
+        env["SFTTEST_TOKEN_LOSSES"] = str(tmp_path / name / "tokens")
+        result = run_entrypoint(env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        runs[name] = tmp_path / name
+    rows = _token_rows(runs["whole"] / "tokens" / "rank0.jsonl")
+    halves = [_token_rows(runs["split"] / "tokens" / f"rank{r}.jsonl") for r in (0, 1)]
+    assert len(rows) == len(halves[0]) == len(halves[1]) == SPLIT_JOB["max_steps"]
+    for row, a, b in zip(rows, *halves):
+        assert len(a) == len(b) == -(-(len(row) + 1) // 2)  # padded to a multiple of 2 only, then halved
+        joined = a + b
+        assert max(abs(x - y) for x, y in zip(row, joined)) < 1e-4 and not any(joined[len(row):])
+    losses = [{e["step"]: e["loss"] for e in read_summary(r / "out")["train"]["log_history"] if "loss" in e}
+              for r in runs.values()]
+    assert losses[1] == pytest.approx(losses[0], abs=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA GPUs: rows split over 2, two data-parallel "
+                    "groups (gloo cannot: its all_gather backward scatters from group ranks taken for global ones)")
+def test_rows_split_over_two_of_four_gpus_train_two_groups(tmp_path):
+    env = demo_env(tmp_path, gpus="0,1,2,3", sequence_parallel=2, **{**SPLIT_JOB, "probe_steps": 3})
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = read_summary(tmp_path / "out")
+    assert summary["decisions"]["sequence_parallel"].endswith("2 data-parallel group(s)")
+    probe = json.loads((tmp_path / "out" / "run" / "probe.json").read_text())
+    assert probe["steps_per_epoch"] == 512 // 2  # two groups, one row each per step

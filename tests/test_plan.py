@@ -1,6 +1,7 @@
 """The memory planner on CPU: DeepSpeed's own figures, the extra terms, the rule and the JSON."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -120,15 +121,17 @@ def test_host_not_given_is_not_checked():
 def test_json_shape():
     p = P.plan_from_shape(Q8, 8, A100_80GB, host_memory_gib=1000)
     d = json.loads(p.to_json())
-    assert set(d) == {"model", "setup", "options", "choice", "reason"}
+    assert set(d) == {"model", "setup", "options", "choice", "reason", "split"}
+    assert d["split"] == 8 and d["setup"]["sequence_parallel"] == 1  # 32 heads, 8 key/value: rows split over 8
     assert d["choice"] == "2" and d["model"]["total_params"] == 8_190_735_360
     assert d["setup"]["gpu_budget"] == 71.32  # 79.25 GiB less 10% kept free
     assert [o["option"] for o in d["options"]] == ["1", "2", "3", "3-offload", "3-offload-all"]
     sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin", "peak",
              "host"]
     for o in d["options"]:
-        assert set(o) == set(sizes) | {"option", "fits_gpu", "fits_host", "fits", "why", "longest_row"}
-        assert isinstance(o["longest_row"], int)  # tokens, not GiB
+        longest = {"longest_row", "longest_row_checkpointed", "longest_row_offloaded", "longest_row_split"}
+        assert set(o) == set(sizes) | {"option", "fits_gpu", "fits_host", "fits", "why"} | longest
+        assert all(isinstance(o[k], int) for k in longest)  # tokens, not GiB
         assert all(isinstance(o[k], float) and o[k] == round(o[k], 2) for k in sizes)
         # the larger of the two phases: the backward's terms, or the optimizer step's
         backward = o["activations"] + o["logits"] + o["buckets"]
@@ -268,3 +271,55 @@ def test_activation_formula_against_the_h200_measurement(monkeypatch):
     assert abs(memory.layer_activation_elements(Q4) - 93_332) / 93_332 < 0.05  # a padding mask: k, v repeated
     monkeypatch.setattr(memory, "SDPA_REPEATS_KV", False)  # the tunable constant, not the code under test
     assert abs(memory.layer_activation_elements(Q4) - 83_092) / 83_092 < 0.05  # no mask: GQA inside SDPA
+
+
+def test_a_row_split_over_n_gpus_divides_what_grows_with_its_tokens():
+    # Ulysses: each GPU holds 1/N of a row's tokens through every layer (attention sees them all, with 1/N of
+    # the heads), so activations, the LM head's tiles and the offloaded checkpoints are a 1/N-long row's;
+    # ZeRO still shards the model states over every GPU, as without the split
+    kw = dict(gradient_checkpointing=True, offload_activations=True, host_memory_gib=2000)
+    split, half, whole = (P.plan_from_shape(Q4, 8, H200, max_length=length, sequence_parallel=n, **kw)
+                          for length, n in ((262144, 2), (131072, 1), (262144, 1)))
+    assert split.setup.row_tokens == 131072
+    for option in stages.NAMES:
+        s, h, w = split.row(option), half.row(option), whole.row(option)
+        assert (s.activations, s.logits, s.host) == (h.activations, h.logits, h.host)
+        assert s.activations < w.activations and s.host < w.host
+        assert (s.model_states, s.buckets, s.optimizer_step, s.accumulation) == (
+            w.model_states, w.buckets, w.optimizer_step, w.accumulation)
+
+
+def test_the_longest_row_each_way_of_keeping_it():
+    one, eight = P.plan_from_shape(Q4, 1, H200), P.plan_from_shape(Q4, 8, H200)
+    assert (one.split, eight.split) == (1, 8)  # 32 heads, 8 key/value: 2, 4 or 8 GPUs a row
+    for p in (one, eight):
+        setup = replace(p.setup, micro_batch=1)
+        for r in p.rows:
+            config = stages.shipped_config(r.option)
+            stage = stages.get(r.option)
+            for tokens, ckpt, offload, n in ((r.longest_row_checkpointed, True, False, 1),
+                                             (r.longest_row_offloaded, True, True, 1),
+                                             (r.longest_row_split, True, True, p.split)):
+                if tokens is None:
+                    assert p is one  # one GPU a node: nothing to split over
+                    continue
+                at = replace(setup, gradient_checkpointing=ckpt, offload_activations=offload, sequence_parallel=n)
+                assert P.estimate_row(stage, Q4, replace(at, max_length=tokens), config).fits
+                if tokens < P.LONGEST_ROW_SEARCHED:  # the next step up does not fit: the bisection's boundary
+                    longer = replace(at, max_length=tokens + P.LONGEST_ROW_STEP)
+                    assert not P.estimate_row(stage, Q4, longer, config).fits
+            assert r.longest_row_checkpointed < r.longest_row_offloaded
+            if r.longest_row_split is not None:  # every term that grows is a 1/N-long row's: N times as long
+                assert min(8 * r.longest_row_offloaded, P.LONGEST_ROW_SEARCHED) - r.longest_row_split <= 8 * 1024
+    assert "split over" not in P.format_table(one)
+    table = P.format_table(eight).splitlines()
+    head = next(i for i, line in enumerate(table) if line.startswith("longest row, tokens"))
+    assert table[head].split()[-3:] == ["split", "over", "8"]
+    zero2 = table[head + 2].split()
+    assert zero2[0] == "ZeRO-2" and zero2[-1] == P._tokens(eight.row("2").longest_row_split).rstrip() + (
+        "+" if eight.row("2").longest_row_split == P.LONGEST_ROW_SEARCHED else "")
+
+
+def test_a_split_of_zero_is_refused():
+    with pytest.raises(ValueError, match="sequence_parallel=0: expected at least 1"):
+        P.plan_from_shape(Q8, 8, 80, sequence_parallel=0)

@@ -51,6 +51,11 @@ GOOD = [
     ("SFT_HUB_REPO", "alice/qwen3-sft", "hub_repo", "alice/qwen3-sft"),
     ("SFT_NODE_TIMEOUT_SECONDS", "30", "node_timeout_seconds", 30),
     ("SFT_LIGER_KERNELS", "off", "liger_kernels", "false"),
+    ("SFT_SEQUENCE_PARALLEL", "auto", "sequence_parallel", "auto"),
+    ("SFT_SEQUENCE_PARALLEL", "AUTO", "sequence_parallel", "auto"),
+    ("SFT_SEQUENCE_PARALLEL", "1", "sequence_parallel", 1),
+    ("SFT_LONG_ROWS", "drop", "long_rows", "drop"),
+    ("SFT_LONG_ROWS", "error", "long_rows", "error"),
     ("SFT_TRAINER_ARGS", '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}', "trainer_args",
      '{"torch_compile_mode": "max-autotune", "dataloader_num_workers": 2}'),
     ("SFT_REPORT_TO", "tensorboard,trackio", "report_to", "tensorboard,trackio"),
@@ -99,6 +104,10 @@ BAD = [
     ("SFT_HUB_REPO", "just-a-name", "expected a repo id such as"),
     ("SFT_NODE_TIMEOUT_SECONDS", "0", "expected at least 1"),
     ("SFT_LIGER_KERNELS", "maybe", "expected true or false (1/0, yes/no, on/off), or auto"),
+    ("SFT_SEQUENCE_PARALLEL", "two", "expected auto or a whole number"),
+    ("SFT_SEQUENCE_PARALLEL", "0", "expected at least 1"),
+    ("SFT_SEQUENCE_PARALLEL", "2", "needs SFT_PACKING=false: Ulysses attention over sdpa drops the mask"),
+    ("SFT_LONG_ROWS", "split", "expected one of truncate, drop, error"),
     ("SFT_TRAINER_ARGS", "{torch_compile: true}", "not JSON"),
     ("SFT_TRAINER_ARGS", '["torch_compile"]', 'expected a JSON object such as {"dataloader_num_workers": 2}'),
     ("SFT_TRAINER_ARGS", '{"torch_compiled": true}', "torch_compiled: unknown argument (did you mean torch_compile?)"),
@@ -127,6 +136,14 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
     assert message in problem
 
 
+def test_a_split_row_asks_for_unpacked_rows_sdpa_and_a_length_it_divides(isolated_env):
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_SEQUENCE_PARALLEL": "3", "SFT_ATTENTION": "flex_attention", "SFT_MAX_LENGTH": "1000"})
+    assert [p.split(": needs ")[1].split(":")[0] for p in e.value.problems] == [
+        "SFT_PACKING=false", "SFT_ATTENTION=auto or sdpa", "an SFT_MAX_LENGTH that 3 divides"]
+    assert from_env({"SFT_SEQUENCE_PARALLEL": "4", "SFT_PACKING": "false"}).sequence_parallel == 4
+
+
 def test_a_token_in_trainer_args_is_refused_and_never_shown(isolated_env):
     for raw in ('{"hub_token": "hf_abcdefghijkl", "seed": 1}', '{"hub_token": hf_abcdefghijkl}'):
         with pytest.raises(SettingsError) as e:
@@ -137,7 +154,7 @@ def test_a_token_in_trainer_args_is_refused_and_never_shown(isolated_env):
 
 
 def test_liger_kernels_true_needs_liger_and_triton(isolated_env):
-    from sft.settings import liger_available
+    from sft.settings_checks import liger_available
 
     if liger_available():
         pytest.skip("liger-kernel and triton are installed here: the error cannot happen")
@@ -237,6 +254,8 @@ def test_every_argument_the_job_sets_is_owned():
                    ds_config="", output_dir="o", report_dir="r", stop_file="s", final_dir="f",
                    record=CheckpointRecord("2", 1))
     assert set(job_arguments(spec, on_gpu=False)) <= set(OWNED_ARGS)
+    assert job_arguments(spec, on_gpu=False)["parallelism_config"] is None  # one GPU a row: no split
+    assert job_arguments(spec, on_gpu=False)["pad_to_multiple_of"] == "auto"  # TRL's own default
 
 
 @pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
@@ -266,3 +285,27 @@ def test_hub_revision_is_a_branch_name(isolated_env, branch, ok):
     else:
         with pytest.raises(SettingsError, match="expected a branch name such as run-2"):
             from_env(env)
+
+
+def test_a_split_row_reaches_the_trainer_as_accelerates_sequence_parallelism():
+    """SFT_SEQUENCE_PARALLEL=N: Accelerate's ParallelismConfig for DeepSpeed's Ulysses, world / N data-parallel
+    groups, the attention it wraps, and rows padded so they split evenly (on CPU ranks to the whole length)."""
+    import dataclasses
+
+    from sft.handoff import CheckpointRecord, DataPlan, DataSource, RunSpec
+    from sft.ranks.trainer import job_arguments, trainer_arguments
+
+    spec = RunSpec(mode="train", model="m", data=DataPlan([DataSource("d")]), max_length=64, packing=False,
+                   epochs=1.0, max_steps=-1, learning_rate=1e-5, save_steps=1, save_total_limit=1, logging_steps=1,
+                   seed=0, bf16=False, attention="sdpa", liger_kernels=False, compile=False, micro_batch=1,
+                   grad_accum=1, gradient_checkpointing=False, offload_activations=False, trainer_args={},
+                   node_timeout_seconds=60, stage="2", ds_config="", output_dir="o", report_dir="r", stop_file="s",
+                   final_dir="f", record=CheckpointRecord("2", 8, sequence_parallel=2), sequence_parallel=2)
+    on_gpu = job_arguments(spec, on_gpu=True)
+    pc = on_gpu["parallelism_config"]
+    assert (pc.sp_backend, pc.sp_size, pc.dp_replicate_size, pc.data_parallel_size) == ("deepspeed", 2, 4, 4)
+    assert pc.sp_handler.sp_attn_implementation == "sdpa" and pc.sp_handler.sp_seq_length_is_variable
+    assert on_gpu["pad_to_multiple_of"] == 2 and job_arguments(spec, on_gpu=False)["pad_to_multiple_of"] == 64
+    cpu = dataclasses.replace(spec, record=CheckpointRecord("2", 2, sequence_parallel=2))
+    args = trainer_arguments(cpu, on_gpu=False, in_rank=False)  # TRL's and Transformers' own checks take it
+    assert args.parallelism_config.sp_size == 2 and args.pad_to_multiple_of == 64

@@ -22,6 +22,8 @@ from . import revisions
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from ..data.longrows import LongRows
+
 
 @dataclasses.dataclass
 class Found:
@@ -33,6 +35,7 @@ class Found:
     eval: Dataset | None = None
     tokenizer: object = None
     loss_on: str = "all"
+    long_rows: LongRows | None = None  # the training rows longer than SFT_MAX_LENGTH (SFT_LONG_ROWS)
 
 
 def read(s: Settings, ranks: Ranks) -> Found:
@@ -183,27 +186,46 @@ def _assemble(s: Settings, facts: DataFacts, loaded: list, shape: shapes.Shape, 
 
 
 def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
-    """The checks that need tokens: enough rows for one optimizer step; not every row over SFT_MAX_LENGTH."""
+    """The checks that need tokens: the rows longer than SFT_MAX_LENGTH (SFT_LONG_ROWS); enough rows for one
+    optimizer step; with SFT_PACKING=false, not every evaluation row over SFT_MAX_LENGTH."""
     from ..data.tokens import Labeller
 
     labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, _trainer_args(s))
+    problems, notes = _long_rows(s, found, labeller)
     train, evaluation = found.train, found.eval
     split, _, _ = rules.batch_split(s, None, ranks.on_gpu)  # a batch search keeps its rows per step
-    needed = ranks.world * split.rows
-    per_step = f"{ranks.world} rank(s) x micro-batch {split.micro_batch} x accumulation {split.grad_accum}"
+    seq = s.sequence_parallel if isinstance(s.sequence_parallel, int) else 1  # auto: as if unsplit (the most)
+    groups = ranks.world // seq if ranks.world % seq == 0 else ranks.world
+    needed = groups * split.rows
+    per_step = (f"{ranks.world} rank(s)" if groups == ranks.world else
+                f"{groups} data-parallel group(s) of {seq} rank(s)") + (
+        f" x micro-batch {split.micro_batch} x accumulation {split.grad_accum}")
     if s.packing:
-        problems = checks.too_few_packed(train, labeller, needed, per_step, "SFT_DATASET")
-        notes = []
+        problems += checks.too_few_packed(train, labeller, needed, per_step, "SFT_DATASET")
     else:
-        problems = checks.too_few_rows(len(train), needed, per_step, "SFT_DATASET")
-        notes = []
-        for var, rows in (("SFT_DATASET", train), ("evaluation", evaluation)):
-            if rows is not None and len(rows):
-                long, note = checks.all_too_long(rows, labeller, var)
-                problems, notes = problems + long, notes + ([note] if note else [])
+        problems += checks.too_few_rows(len(train), needed, per_step, "SFT_DATASET")
+        if evaluation is not None and len(evaluation):
+            long, note = checks.all_too_long(evaluation, labeller, "evaluation")
+            problems, notes = problems + long, notes + ([note] if note else [])
     if problems:
         raise DataError(problems)
     return notes
+
+
+def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str]]:
+    """(problems, notes) of SFT_LONG_ROWS: every training row counted once, here; drop leaves the long ones out
+    of found.train and names their positions in the facts, so the ranks leave out the same rows."""
+    from ..data import longrows
+
+    lengths = longrows.measure(found.train, labeller)
+    found.long_rows = longrows.count(lengths, s.max_length, s.long_rows)
+    if (problem := found.long_rows.problem(s.packing)) is not None:
+        return [problem], []
+    if s.long_rows == "drop" and found.long_rows.longer:
+        drop = longrows.dropped(lengths, s.max_length)
+        found.train = longrows.without(found.train, drop)
+        found.facts = dataclasses.replace(found.facts, dropped=tuple(drop))
+    return [], [found.long_rows.line()]
 
 
 def _trainer_args(s: Settings) -> dict:
@@ -216,5 +238,6 @@ def summary(found: Found | None, plan) -> dict | None:
     """What the run trained and evaluated on, for run/summary.json and the model card."""
     if found is None or plan is None:
         return None
+    long_rows = {"long_rows": found.long_rows.to_dict()} if found.long_rows is not None else {}
     return {"shape": found.facts.shape, "train_rows": len(found.train), "eval_rows": found.facts.eval_rows,
-            **plan.to_dict()}
+            **long_rows, **{k: v for k, v in plan.to_dict().items() if k != "dropped"}}

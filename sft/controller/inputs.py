@@ -140,6 +140,26 @@ def ranks(s: Settings, machine: Machine | None = None) -> list[str]:
     return []
 
 
+def split_rows(s: Settings, machine: Machine | None = None) -> list[str]:
+    """SFT_SEQUENCE_PARALLEL=N against the ranks of a node and the model's heads (what it asks of the other
+    settings is the settings' check)."""
+    from ..planner import rules
+    from .machine import gpus
+
+    if s.sequence_parallel in ("auto", 1):
+        return []
+    try:
+        chosen, _ = rules.choose_ranks(s, machine or Machine(gpus=gpus()))
+        shape = shape_of(s.model)
+    except CannotRun:
+        return []  # `ranks` and `model_config` name it
+    try:
+        rules.check_split(s.sequence_parallel, chosen, shape)
+    except CannotRun as e:
+        return [str(e)]
+    return []
+
+
 def hub_token(s: Settings) -> list[str]:
     """SFT_HUB_REPO needs a token on node 0 (the one that uploads)."""
     from .uploads import token
@@ -161,7 +181,7 @@ def hub_online(s: Settings) -> list[str]:
 
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
 DECIDING: tuple[Finder, ...] = (ds_file,)
-CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template, ranks)
+CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template, ranks, split_rows)
 JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..planner.inputs import GPU, Machine, Ranks
-from ..settings import liger_available
+from ..settings_checks import liger_available
 from .launch import free_port
 
 ALLREDUCE_BYTES = 256 * 2**20

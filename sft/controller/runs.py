@@ -52,4 +52,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
         record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_name=s.run_name,
-        run_dir=str(paths.run), model_revision=d.model_revision, chat_template=s.chat_template)
+        run_dir=str(paths.run), model_revision=d.model_revision, chat_template=s.chat_template,
+        sequence_parallel=d.sequence_parallel)

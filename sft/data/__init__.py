@@ -7,6 +7,7 @@ train on it through the same code):
     shapes.py   which of TRL's dataset shapes the rows have, by TRL's own rules
     checks.py   every problem in the rows, one line each
     tokens.py   the rows tokenised and labelled as TRL's SFTTrainer does it, outside the Trainer
+    longrows.py the rows longer than SFT_MAX_LENGTH, counted once (SFT_LONG_ROWS: truncate, drop, error)
     show.py     the first rows' tokens and which carry the loss, for `entrypoint.py data`
 
 Only entries.py is imported by the settings: the rest imports `datasets` and TRL, which take seconds.

@@ -158,5 +158,8 @@ def all_too_long(dataset: Dataset, labeller: Labeller, label: str) -> tuple[list
                     "tokens and will be cut to it") if over else None
             return [], note
     return [f"{label}: all {len(lengths)} rows are longer than SFT_MAX_LENGTH={limit} tokens (shortest "
-            f"{min(lengths)}, longest {max(lengths)}): with SFT_PACKING=false TRL cuts each to its first {limit} "
-            "tokens and drops the rows left with no token to learn; raise SFT_MAX_LENGTH"], None
+            f"{min(lengths)}, longest {max(lengths)}): {CUT.format(limit=limit)}"], None
+
+
+CUT = ("with SFT_PACKING=false TRL cuts each to its first {limit} tokens and drops the rows left with no token to "
+       "learn; raise SFT_MAX_LENGTH")

@@ -30,14 +30,18 @@ def build(plan: DataPlan) -> tuple[Dataset, Dataset | None]:
     """The training rows and the evaluation rows (None: no evaluation), as the plan says."""
     from .shapes import shape_of
 
+    from .longrows import without
+
     loaded = load_all(plan.train, "SFT_DATASET")
     train = combine(loaded, plan.train, shape_of(loaded[0]).columns, plan.seed)
     if plan.eval_fraction > 0:
-        return hold_out(train, plan.eval_fraction, plan.seed)
+        kept, held = hold_out(train, plan.eval_fraction, plan.seed)
+        return without(kept, plan.dropped), held
     if plan.eval:
         evaluation = load_all(plan.eval, "SFT_EVAL_DATASET")
-        return train, combine(evaluation, plan.eval, shape_of(evaluation[0]).columns, plan.seed)
-    return train, None
+        return without(train, plan.dropped), combine(evaluation, plan.eval, shape_of(evaluation[0]).columns,
+                                                     plan.seed)
+    return without(train, plan.dropped), None
 
 
 def load_all(sources: list[DataSource], var: str) -> list[Dataset]:

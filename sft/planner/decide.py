@@ -1,8 +1,9 @@
 """Every choice the job makes, in one pure step: settings + machine + checkpoint -> one frozen Decision.
 
-    decide(inputs)            at start: ranks, precision, attention, Liger, stage, checkpointing, the
-                              batch split and which splits to time, pin_memory, launcher; a reason each;
-                              on another number of ranks than the checkpoint's, its conversion (reshard.py)
+    decide(inputs)            at start: ranks, precision, Liger, over how many GPUs each row is split, stage,
+                              checkpointing, attention, the batch split and which splits to time,
+                              pin_memory, launcher; a reason each; on another number of ranks than the
+                              checkpoint's, its conversion (reshard.py)
     adopt(inputs, d, split)   after the batch search: the split it measured fastest
     escalate(inputs, d)       after the probe ran out of memory: checkpointing on, then the next stage
     cap_steps(d, n, why)      after the budget gate (planner/budget.py): train only the n steps that fit
@@ -25,7 +26,7 @@ from ..units import GIB
 from . import data as data_rules
 from . import reshard, rules
 from .inputs import CannotRun, Inputs, Machine, Ranks
-from .plan import Plan, Row, Setup, estimate_row, longest_row, plan_from_shape
+from .plan import Plan, Row, Setup, estimate_row, longest_rows, plan_from_shape
 from .reshard import Reshard
 
 CPU_RANK_MEMORY_GIB = 16.0  # what a CPU rank is planned with when the host's memory is unknown
@@ -49,6 +50,7 @@ class Decision:
     launcher: str
     plan: Plan  # the shipped options at this split: what auto chooses among
     row: Row  # this stage's prediction under ds_config
+    sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
     reasons: Mapping[str, str] = field(default_factory=dict)
     max_steps: int | None = None  # the budget's cap on optimizer steps; None: SFT_MAX_STEPS and SFT_EPOCHS
     reshard: Reshard | None = None  # the checkpoint resumed was written by another number of ranks
@@ -64,7 +66,7 @@ class Decision:
         # a split changed for another number of ranks is kept by later resumes, as a batch search's is
         kept = self.searched or self.reshard is not None
         return CheckpointRecord(self.stage.name, self.ranks.world, batch=self.split if kept else None,
-                                max_steps=self.max_steps)
+                                max_steps=self.max_steps, sequence_parallel=self.sequence_parallel)
 
     def resolved(self) -> dict[str, Any]:
         """The choices as plain values, for the summary and `config`."""
@@ -74,6 +76,7 @@ class Decision:
                 "grad_accum": self.split.grad_accum,
                 "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
                 "pin_memory": self.pin_memory, "launcher": self.launcher,
+                "sequence_parallel": self.sequence_parallel,
                 "predicted_peak_gib": round(self.row.peak / GIB, 2), "model_revision": self.model_revision,
                 **({"loss_on": self.data.loss_on, "eval_steps": self.data.eval_steps} if self.data else {})}
 
@@ -87,28 +90,23 @@ def decide(inputs: Inputs) -> Decision:
     ranks, why_ranks = rules.choose_ranks(s, inputs.machine)
     reasons = {"ranks": why_ranks}
     bf16, reasons["precision"] = rules.precision(s, ranks)
-    attention, reasons["attention"] = rules.attention(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
-    split, searched, reasons["split"] = rules.batch_split(s, record, ranks.on_gpu)
-    moved = None
-    if record is not None and record.world_size != ranks.world:
-        moved, reasons["reshard"] = reshard.plan(record, ranks.world, split)
-        split = moved.after
-        reasons["split"] = (f"{split.micro_batch} x {split.grad_accum} on each of {reshard.ranks(ranks.world)}: "
-                            f"the checkpoint's {moved.rows} rows per step")
+    splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
-    d = Decision(ranks=ranks, bf16=bf16, attention=attention, liger=liger, compile=False, stage=stages.get("1"),
-                 ds_config={}, split=split, searched=searched, search=(), pin_memory=True, launcher=s.launcher,
-                 plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
-    d = _with_stage(inputs, d, *_first_stage(inputs, d))
-    if s.gradient_checkpointing == "auto" and not searched:
+    draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=liger, compile=False, stage=stages.get("1"),
+                     ds_config={}, split=None, searched=False, search=(), pin_memory=True,  # type: ignore[arg-type]
+                     launcher=s.launcher, plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
+    d = _split_rows(inputs, draft, splits, why_split)
+    attention, why_attention = rules.attention(s, ranks, d.sequence_parallel)
+    d = _replace(d, attention=attention, reasons={**d.reasons, "attention": why_attention})
+    if s.gradient_checkpointing == "auto" and not d.searched:
         d = _auto_checkpointing(inputs, d)
-    elif not searched:
+    elif not d.searched:
         why = f"{d.split.checkpointing_text} (SFT_GRADIENT_CHECKPOINTING)"
         d = _replace(d, reasons={**d.reasons, "gradient_checkpointing": why})
     d = _with_search(inputs, d)
-    if moved is not None:  # this start loads the converted checkpoint; its own checkpoints are ordinary ones
-        d = _replace(d, reshard=moved, ds_config=reshard.universal_load(d.ds_config),
+    if d.reshard is not None:  # this start loads the converted checkpoint; its own checkpoints are ordinary ones
+        d = _replace(d, ds_config=reshard.universal_load(d.ds_config),
                      reasons={**d.reasons, "reshard": reshard.with_fit(d.reasons["reshard"], d.row, d.stage)})
     if record is not None and record.max_steps is not None:
         d = cap_steps(d, record.max_steps, "as the budget capped them for the checkpoint resumed")
@@ -127,6 +125,45 @@ def _with_data(inputs: Inputs, d: Decision) -> Decision:
         return _replace(d, model_revision=inputs.model_revision, reasons=reasons)
     plan, why = data_rules.plan(inputs.settings, inputs.data)
     return _replace(d, data=plan, model_revision=inputs.model_revision, reasons={**reasons, **why})
+
+
+def _split_rows(inputs: Inputs, draft: Decision, splits: tuple[int, ...], why: str) -> Decision:
+    """The draft with its rows split over the first number of GPUs in `splits` at which a stage fits (the last
+    one, if none does: with an explicit stage the probe decides), its batch split and its stage."""
+    s = inputs.settings
+    for n in splits:
+        split, searched, why_rows = _batch_split(inputs, draft.ranks, n)
+        d = _replace(draft, split=split.after if isinstance(split, Reshard) else split, searched=searched,
+                     sequence_parallel=n, reshard=split if isinstance(split, Reshard) else None,
+                     reasons={**draft.reasons, **why_rows})
+        try:
+            d = _with_stage(inputs, d, *_first_stage(inputs, d))
+        except CannotRun as e:
+            if n == splits[-1]:
+                split_why = why if len(splits) == 1 else f"{why}, and none of {', '.join(map(str, splits))} fits"
+                raise CannotRun(f"{e} (rows split over GPUs: {split_why})", e.exit_code, e.plan) from None
+            continue
+        if d.row.fits or n == splits[-1]:
+            break
+    if len(splits) > 1:  # auto chose among several
+        why = (f"{n}, auto: a row of {s.max_length:,} tokens fits on one GPU" if n == 1 else
+               f"{n}, auto: one GPU cannot hold a row of {s.max_length:,} tokens; split over {n}, each holds "
+               f"{d.plan.setup.row_tokens:,} ({d.ranks.world // n} data-parallel group(s))")
+    return _replace(d, reasons={**d.reasons, "sequence_parallel": why})
+
+
+def _batch_split(inputs: Inputs, ranks: Ranks, n: int) -> tuple[Split | Reshard, bool, dict[str, str]]:
+    """Each rank's split with rows split over n GPUs, and the reasons; on another number of ranks than the
+    checkpoint's, the conversion that keeps its rows per step (its `after` is the split)."""
+    record = inputs.record
+    split, searched, why = rules.batch_split(inputs.settings, record, ranks.on_gpu, n)
+    if record is None or record.world_size == ranks.world:
+        return split, searched, {"split": why}
+    moved, why_moved = reshard.plan(record, ranks.world, split, n)
+    after = moved.after
+    why = (f"{after.micro_batch} x {after.grad_accum} on each of {reshard.groups(ranks.world, n)}: the checkpoint's "
+           f"{moved.rows} rows per step")
+    return moved, searched, {"split": why, "reshard": why_moved}
 
 
 def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str, Split]:
@@ -170,7 +207,8 @@ def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
     else:  # CPU ranks share the host
         gpu_gib = (host_gib or CPU_RANK_MEMORY_GIB * d.ranks.count) / d.ranks.count
     return Setup(d.ranks.count, gpu_gib, d.ranks.nodes, split.micro_batch, s.max_length,
-                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger, split.offload_activations)
+                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger, split.offload_activations,
+                 d.sequence_parallel)
 
 
 def _plan(inputs: Inputs, d: Decision, split: Split) -> Plan:
@@ -184,17 +222,17 @@ def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
 def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
-    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage)
+    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage, d.sequence_parallel)
     d = _replace(d, stage=stage, ds_config=config, compile=compiled,
                  reasons={**d.reasons, "stage": why, "compile": why_compile})
     return _with_split(inputs, d, split or d.split)
 
 
 def _with_split(inputs: Inputs, d: Decision, split: Split) -> Decision:
-    row = _row(inputs, d, split)
-    row = dataclasses.replace(row, longest_row=longest_row(d.stage, inputs.shape, _setup(inputs, d, split),
-                                                            d.ds_config))
-    d = _replace(d, split=split, plan=_plan(inputs, d, split), row=row)
+    plan = _plan(inputs, d, split)
+    row = dataclasses.replace(_row(inputs, d, split), **longest_rows(d.stage, inputs.shape, _setup(inputs, d, split),
+                                                                     d.ds_config, plan.split))
+    d = _replace(d, split=split, plan=plan, row=row)
     pin, why = _pin_memory(inputs.machine, d)
     config = d.ds_config if pin else stages.without_pinned_memory(dict(d.ds_config))
     return _replace(d, pin_memory=pin, ds_config=config, reasons={**d.reasons, "pin_memory": why})

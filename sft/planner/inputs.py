@@ -44,6 +44,7 @@ class DataFacts:
     rows: int = 0  # training rows, as drawn (before any are held out)
     eval_rows: int = 0
     marks_assistant: bool | None = None  # the chat template can mark the assistant's tokens (None: not asked)
+    dropped: tuple[int, ...] = ()  # SFT_LONG_ROWS=drop: the positions of the training rows left out
 
 
 @dataclass(frozen=True)

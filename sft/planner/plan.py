@@ -36,6 +36,13 @@ class Setup:
     grad_accum: int = 1
     liger_kernels: bool = False
     offload_activations: bool = False  # checkpoints in host memory (with gradient_checkpointing)
+    sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
+
+    @property
+    def row_tokens(self) -> int:
+        """The tokens of a row one GPU holds: the whole row, or its 1/N share when N GPUs split it. Activations,
+        the LM head's tiles and offloaded checkpoints follow them; the model states do not."""
+        return -(-self.max_length // self.sequence_parallel)
 
     @property
     def total_gpus(self) -> int:
@@ -66,6 +73,9 @@ class Row:
     fits_host: bool | None  # None: not checked (no offload, or the host's memory was not given)
     why: str
     longest_row: int | None = None  # tokens of one row that still fit, this setup otherwise (plan_from_shape)
+    longest_row_checkpointed: int | None = None  # the same with checkpointing on, checkpoints on the GPU
+    longest_row_offloaded: int | None = None  # ... and with the checkpoints in host memory
+    longest_row_split: int | None = None  # ... and each row split over Plan.split GPUs (None: one GPU a node)
 
     @property
     def fits(self) -> bool:
@@ -82,6 +92,7 @@ class Plan:
     rows: tuple[Row, ...]
     choice: str | None
     reason: str
+    split: int = 1  # the most GPUs of a node a row can be split over here (longest_row_split's)
 
     def row(self, option: str) -> Row:
         """The row of one option ("1" ... "3-offload-all")."""
@@ -93,7 +104,7 @@ class Plan:
                 for r in self.rows]
         setup = {**asdict(self.setup), "gpu_budget": gib(self.setup.gpu_budget)}
         return {"model": asdict(self.shape), "setup": setup, "options": rows,
-                "choice": self.choice, "reason": self.reason}
+                "choice": self.choice, "reason": self.reason, "split": self.split}
 
     def to_json(self) -> str:
         """The plan as JSON text (see to_dict)."""
@@ -107,10 +118,10 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
                                     setup.nodes)
     terms = {
         "model_states": gpu,
-        "activations": memory.activation_bytes(shape, setup.micro_batch, setup.max_length,
+        "activations": memory.activation_bytes(shape, setup.micro_batch, setup.row_tokens,
                                                setup.gradient_checkpointing, setup.liger_kernels,
                                                _offloading(setup)),
-        "logits": memory.logits_bytes(shape, setup.micro_batch, setup.max_length),
+        "logits": memory.logits_bytes(shape, setup.micro_batch, setup.row_tokens),
         "buckets": memory.bucket_bytes(stage, shape.hidden_size, zero),
         "optimizer_step": memory.optimizer_step_bytes(stage, shape.total_params, setup.total_gpus, zero),
         "accumulation": memory.accumulation_bytes(stage, shape.total_params, setup.total_gpus, setup.grad_accum),
@@ -121,7 +132,7 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
     margin = memory.margin_bytes(unmargined)
     peak = unmargined + margin
     if _offloading(setup):
-        host += setup.gpus_per_node * memory.offloaded_activation_bytes(shape, setup.micro_batch, setup.max_length)
+        host += setup.gpus_per_node * memory.offloaded_activation_bytes(shape, setup.micro_batch, setup.row_tokens)
     fits_gpu = peak <= setup.gpu_budget
     fits_host = None
     if (stage.offload or _offloading(setup)) and setup.host_memory_gib is not None:
@@ -164,6 +175,20 @@ def longest_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappin
     return low // LONGEST_ROW_STEP * LONGEST_ROW_STEP
 
 
+def longest_rows(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mapping[str, Any],
+                 split: int = 1) -> dict[str, int | None]:
+    """Row's longest_row fields: this setup's, with checkpointing on, with the checkpoints offloaded, and with
+    each row also split over `split` GPUs (where that is more than this setup splits it over)."""
+    on = replace(setup, gradient_checkpointing=True, offload_activations=False)
+    offloaded = replace(on, offload_activations=True)
+    over = replace(offloaded, sequence_parallel=split)
+    return {"longest_row": longest_row(stage, shape, setup, ds_config),
+            "longest_row_checkpointed": longest_row(stage, shape, on, ds_config),
+            "longest_row_offloaded": longest_row(stage, shape, offloaded, ds_config),
+            "longest_row_split": longest_row(stage, shape, over, ds_config) if split > setup.sequence_parallel
+            else None}
+
+
 def choose(rows: tuple[Row, ...], setup: Setup) -> tuple[str | None, str]:
     """The first option in PREFERENCE order that fits, and the reason; (None, why not) if none fits."""
     by_option = {r.option: r for r in rows}
@@ -181,31 +206,33 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
                     micro_batch: int = 1, max_length: int = 2048, gradient_checkpointing: bool = True,
                     host_memory_gib: float | None = None,
                     ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1,
-                    liger_kernels: bool = False, offload_activations: bool = False) -> Plan:
+                    liger_kernels: bool = False, offload_activations: bool = False,
+                    sequence_parallel: int = 1) -> Plan:
     """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config
     (default: the shipped ones)."""
     problems = [f"{name}={value!r}: expected at least 1" for name, value in
                 (("gpus_per_node", gpus_per_node), ("nodes", nodes), ("micro_batch", micro_batch),
-                 ("max_length", max_length), ("grad_accum", grad_accum)) if value < 1]
+                 ("max_length", max_length), ("grad_accum", grad_accum), ("sequence_parallel", sequence_parallel))
+                if value < 1]
     if gpu_memory_gib <= 0:
         problems.append(f"gpu_memory_gib={gpu_memory_gib!r}: expected more than 0")
     if problems:
         raise ValueError("; ".join(problems))
     setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
-                  host_memory_gib, grad_accum, liger_kernels, offload_activations)
+                  host_memory_gib, grad_accum, liger_kernels, offload_activations, sequence_parallel)
     configs = ds_configs or {}
+    split = max(shape.sequence_parallel_degrees(gpus_per_node), default=1)
     rows = []
     for s in stages.TABLE:
         config = configs.get(s.name) or stages.shipped_config(s.name)
-        rows.append(replace(estimate_row(s, shape, setup, config),
-                            longest_row=longest_row(s, shape, setup, config)))
+        rows.append(replace(estimate_row(s, shape, setup, config), **longest_rows(s, shape, setup, config, split)))
     rows = tuple(rows)
     choice, reason = choose(rows, setup)
-    return Plan(shape=shape, setup=setup, rows=rows, choice=choice, reason=reason)
+    return Plan(shape=shape, setup=setup, rows=rows, choice=choice, reason=reason, split=split)
 
 
 def _tokens(n: int | None) -> str:
-    return "-" if n is None else f"{n // 1024:,}K" if n >= 1024 else str(n)
+    return "-" if n is None else "none" if n == 0 else f"{n // 1024:,}K" if n >= 1024 else str(n)
 
 
 def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, **kwargs: Any) -> Plan:
@@ -214,29 +241,45 @@ def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, **kwargs: Any) -
 
 
 def format_table(p: Plan) -> str:
-    """The plan as a table for people."""
+    """The plan as tables for people: memory per option, then the longest row each way of keeping it."""
     s, m = p.setup, p.shape
     ckpt = ("offload" if _offloading(s) else "on") if s.gradient_checkpointing else "off"
     host = "not given" if s.host_memory_gib is None else f"{s.host_memory_gib:g} GiB"
+    split = f", each row split over {s.sequence_parallel} GPUs" if s.sequence_parallel > 1 else ""
     lines = [
         f"{m.name}: {m.total_params:,} parameters, largest layer {m.largest_layer_params:,}",
         (f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {s.gpu_memory_gib:g} GiB "
          f"({gib(s.gpu_budget):.2f} allowed), host RAM {host}; micro-batch {s.micro_batch} x "
-         f"accumulation {s.grad_accum}, {s.max_length} tokens, gradient checkpointing {ckpt}, "
+         f"accumulation {s.grad_accum}, {s.max_length} tokens{split}, gradient checkpointing {ckpt}, "
          f"Liger kernels {'on' if s.liger_kernels else 'off'}"),
         "",
         (f"{'GiB per GPU':<19}{'states':>8}{'activ':>8}{'logits':>8}{'buckets':>8}{'step':>7}{'accum':>7}"
-         f"{'margin':>8}{'peak':>8}{'host':>9}{'longest row':>13}  fits"),
+         f"{'margin':>8}{'peak':>8}{'host':>9}  fits"),
     ]
     for r in p.rows:
         fits = "yes" if r.fits else "no (host)" if r.fits_gpu else "no"
         lines.append(f"{stages.get(r.option).label:<19}{gib(r.model_states):>8.2f}{gib(r.activations):>8.2f}"
                      f"{gib(r.logits):>8.2f}{gib(r.buckets):>8.2f}{gib(r.optimizer_step):>7.2f}"
                      f"{gib(r.accumulation):>7.2f}{gib(r.margin):>8.2f}{gib(r.peak):>8.2f}"
-                     f"{gib(r.host):>9.2f}{_tokens(r.longest_row):>13}  {fits}")
+                     f"{gib(r.host):>9.2f}  {fits}")
     lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin",
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
               "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
-              "longest row: the most tokens one row may hold that still fit, checkpointing as above",
+              "", *_longest_rows_table(p),
               "", f"choice: {stages.get(p.choice).label if p.choice else 'none'}", p.reason]
     return "\n".join(lines)
+
+
+def _longest_rows_table(p: Plan) -> list[str]:
+    split = any(r.longest_row_split is not None for r in p.rows)
+    heads = ["as planned", "ckpt on GPU", "ckpt in host"] + ([f"split over {p.split}"] if split else [])
+    lines = [f"{'longest row, tokens':<19}" + "".join(f"{h:>15}" for h in heads)]
+    for r in p.rows:
+        values = [r.longest_row, r.longest_row_checkpointed, r.longest_row_offloaded]
+        values += [r.longest_row_split] if split else []
+        shown = [_tokens(v) + ("+" if v == LONGEST_ROW_SEARCHED else "") for v in values]  # + : the search's cap
+        lines.append(f"{stages.get(r.option).label:<19}" + "".join(f"{v:>15}" for v in shown))
+    lines.append("longest row: the most tokens one row may hold that still fit; as planned: checkpointing as above"
+                 + (f"; split: checkpoints in host and each row over {p.split} GPUs of a node "
+                    "(SFT_SEQUENCE_PARALLEL)" if split else ""))
+    return lines

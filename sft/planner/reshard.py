@@ -11,7 +11,10 @@ accumulation. The Trainer draws every row from one seeded permutation (accelerat
 seeded with SFT_SEED and the epoch, whatever the number of ranks) cut into micro-batches dealt round the
 ranks, so with the same rows per step each step trains on the same rows, the steps per epoch
 (ceil(rows / rows per step)) and with them the learning-rate schedule stay, and the rows a resume skips
-(steps done x accumulation micro-batches per rank) are the rows trained on. Pure: no file is read here.
+(steps done x accumulation micro-batches per rank) are the rows trained on. With each row split over N
+GPUs (SFT_SEQUENCE_PARALLEL, which a resume keeps) the rows of a step are those of the world / N
+data-parallel groups, each group's N GPUs sharing its micro-batches, so the groups are what is counted.
+Pure: no file is read here.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ class Reshard(Record):
     to_world: int
     before: Split
     after: Split
+    sequence_parallel: int = 1  # GPUs sharing each row, before and after: world / N data-parallel groups
 
     @property
     def rows(self) -> int:
-        """The global batch: rows per optimizer step over every rank (the same before and after)."""
-        return self.from_world * self.before.rows
+        """The global batch: rows per optimizer step over every data-parallel group (the same before and after)."""
+        return self.from_world // self.sequence_parallel * self.before.rows
 
     def text(self) -> str:
         return (f"convert from {self.from_world} to {ranks(self.to_world)}, accumulation {self.before.grad_accum} -> "
@@ -50,27 +54,30 @@ class Reshard(Record):
                                               if self.after.micro_batch != self.before.micro_batch else ""))
 
 
-def plan(record: CheckpointRecord, world: int, split: Split) -> tuple[Reshard, str]:
-    """(the change, why) for a checkpoint of record.world_size ranks resumed on `world`; `split` is each rank's
-    split when it was written (the record's, else the settings'). Raises CannotRun when `world` cannot
-    share its global batch evenly: another global batch would be another training, and the Trainer's skip
-    of the rows already trained (counted in this start's micro-batches) would land elsewhere in the data."""
-    rows = record.world_size * split.rows
-    before = f"{ranks(record.world_size)} x {split.micro_batch} x {split.grad_accum}"
-    if rows % world:
-        fits = ", ".join(str(n) for n in range(1, rows + 1) if rows % n == 0)
+def plan(record: CheckpointRecord, world: int, split: Split, seq: int = 1) -> tuple[Reshard, str]:
+    """(the change, why) for a checkpoint of record.world_size ranks resumed on `world`, each row split over
+    `seq` of them (the checkpoint's); `split` is each rank's split when it was written (the record's, else the
+    settings'). Raises CannotRun when `world` cannot share its global batch evenly: another global batch
+    would be another training, and the Trainer's skip of the rows already trained (counted in this start's
+    micro-batches) would land elsewhere in the data."""
+    groups_before, groups_after = record.world_size // seq, world // seq
+    rows = groups_before * split.rows
+    before = f"{groups(record.world_size, seq)} x {split.micro_batch} x {split.grad_accum}"
+    if rows % groups_after:
+        fits = ", ".join(str(n * seq) for n in range(1, rows + 1) if rows % n == 0)
         raise CannotRun(
-            f"the checkpoint to resume was trained with {rows} rows per optimizer step ({before}: ranks x "
-            f"micro-batch x accumulation), which {world} ranks cannot share evenly; another global batch would "
-            f"change the training and where in the data it goes on. Start on a number of ranks that divides "
-            f"{rows} ({fits}; SFT_GPUS), or start a new run", exitcodes.PREFLIGHT)
-    per_rank = rows // world
+            f"the checkpoint to resume was trained with {rows} rows per optimizer step ({before}: "
+            f"{'ranks' if seq == 1 else 'data-parallel groups'} x micro-batch x accumulation), which "
+            f"{groups(world, seq)} cannot share evenly; another global batch would change the training and where "
+            f"in the data it goes on. Start on a number of ranks that {_divides(rows, seq)} ({fits}; SFT_GPUS), "
+            "or start a new run", exitcodes.PREFLIGHT)
+    per_rank = rows // groups_after
     # the checkpoint's micro-batch where it divides this rank's rows (its memory is known to fit), else the
     # largest one below it that does
     micro = max(m for m in range(1, min(split.micro_batch, per_rank) + 1) if per_rank % m == 0)
     after = dataclasses.replace(split, micro_batch=micro, grad_accum=per_rank // micro)
-    change = Reshard(record.world_size, world, split, after)
-    return change, (f"{change.text()}: the checkpoint was written by {before}; {ranks(world)} x {micro} x "
+    change = Reshard(record.world_size, world, split, after, seq)
+    return change, (f"{change.text()}: the checkpoint was written by {before}; {groups(world, seq)} x {micro} x "
                     f"{after.grad_accum} keep its {rows} rows per step, so the learning-rate schedule and the "
                     "data order go on where they were; its ZeRO shards are converted to DeepSpeed's universal "
                     "checkpoint, which loads on any number of ranks")
@@ -87,6 +94,18 @@ def with_fit(why: str, row: Row, stage: Stage) -> str:
 
 def ranks(n: int) -> str:
     return f"{n} rank" + ("" if n == 1 else "s")
+
+
+def groups(world: int, seq: int = 1) -> str:
+    """'4 ranks', or with rows split over 2 of them, '2 data-parallel groups of 2 ranks'."""
+    if seq == 1:
+        return ranks(world)
+    n = world // seq
+    return f"{n} data-parallel group{'' if n == 1 else 's'} of {ranks(seq)}"
+
+
+def _divides(rows: int, seq: int) -> str:
+    return f"divides {rows}" if seq == 1 else f"is {seq} (the checkpoint's SFT_SEQUENCE_PARALLEL) x a divisor of {rows}"
 
 
 def universal_load(config: Mapping[str, Any]) -> dict[str, Any]:

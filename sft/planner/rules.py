@@ -11,6 +11,7 @@ from ..settings import Settings
 from ..stages import Stage
 from ..units import GIB
 from .inputs import CannotRun, Inputs, Machine, Ranks
+from .shape import ModelShape
 
 BATCH_SEARCH_TRIES = 3  # splits timed at most: each loads the model once more
 
@@ -41,24 +42,30 @@ def precision(s: Settings, ranks: Ranks) -> tuple[bool, str]:
                                                  ", auto: bf16 on GPUs, fp32 on CPU")
 
 
-def attention(s: Settings, ranks: Ranks) -> tuple[str, str]:
+def attention(s: Settings, ranks: Ranks, split: int = 1) -> tuple[str, str]:
     if s.attention != "auto":
         return s.attention, f"{s.attention} (SFT_ATTENTION)"
+    if split > 1:
+        return "sdpa", "sdpa, auto with rows split over GPUs: DeepSpeed's Ulysses wraps sdpa, not flex attention"
     if ranks.on_gpu:
         return "flex_attention", ("flex_attention, auto on GPUs: its block mask skips the other sequences of a "
                                   "packed row")
     return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
 
 
-def batch_split(s: Settings, record: CheckpointRecord | None, on_gpu: bool) -> tuple[Split, bool, str]:
+def batch_split(s: Settings, record: CheckpointRecord | None, on_gpu: bool,
+                split: int = 1) -> tuple[Split, bool, str]:
     """(the split, whether a batch search chose it, why). Rows per step follow SFT_TOKENS_PER_STEP at this
-    SFT_MAX_LENGTH unless SFT_MICRO_BATCH says; checkpointing as the setting says (auto: on, decided later)."""
+    SFT_MAX_LENGTH unless SFT_MICRO_BATCH says; checkpointing as the setting says (auto: on, decided later).
+    With rows split over `split` GPUs the rows are those of each data-parallel group (the N GPUs sharing
+    them), as micro-batch and accumulation are the Trainer's per data-parallel rank."""
     if record is not None and record.batch is not None:
         return record.batch, True, (f"{record.batch.text()}, as the checkpoint resumed records it (its batch "
                                     "search's, or its rows per step kept on another number of ranks)")
     ckpt, offload = s.gradient_checkpointing != "false", s.gradient_checkpointing == "offload" and on_gpu
     rows = max(1, s.tokens_per_step // s.max_length)
-    tokens = f"{rows} row(s) of {s.max_length} tokens, {rows * s.max_length:,} tokens per GPU per step"
+    per = "GPU" if split == 1 else f"group of {split} GPUs"
+    tokens = f"{rows} row(s) of {s.max_length} tokens, {rows * s.max_length:,} tokens per {per} per step"
     if s.micro_batch is not None:
         accum = s.grad_accum or 1
         return Split(s.micro_batch, accum, ckpt, offload), False, (
@@ -82,16 +89,97 @@ def levels(s: Settings, split: Split, on_gpu: bool) -> tuple[Split, ...]:
         s.gradient_checkpointing]
 
 
-def compile_model(s: Settings, ranks: Ranks, stage: Stage) -> tuple[bool, str]:
+def compile_model(s: Settings, ranks: Ranks, stage: Stage, split: int = 1) -> tuple[bool, str]:
     if s.compile != "auto":
         return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
     if not ranks.on_gpu:
         return False, "off, auto on CPU: compiling would take longer than a CPU run trains"
+    if split > 1:
+        return False, "off, auto with rows split over GPUs: compiled training not measured with sequence parallelism"
     if stage.zero == 3:
         # measured only with ZeRO-1/2, whose weights stay whole on each GPU; ZeRO-3 gathers them in hooks
         return False, f"off, auto with {stage.label}: compiled training measured with ZeRO-1 and 2 only"
     return True, ("on, auto on GPUs: inductor fuses the elementwise work between the matmuls, and flex attention "
                   "is built to be compiled")
+
+
+def sequence_parallel(s: Settings, ranks: Ranks, shape: ModelShape,
+                      record: CheckpointRecord | None) -> tuple[tuple[int, ...], str]:
+    """Over how many GPUs of a node each row may be split (DeepSpeed's Ulysses), as the numbers to plan in order,
+    the first that fits taken; and why (raises CannotRun). Splitting a row divides what grows with its tokens
+    (activations, the LM head's tiles, checkpoints) by N and leaves the model states as they are, at the cost
+    of two all-to-alls per layer and world / N data-parallel groups. So auto splits only where one GPU cannot
+    hold a row: 1, then each N that splits the model's heads and the node, fewest first (on GPUs only: CPU
+    ranks split when asked). A resume keeps the checkpoint's: N decides which rows each step reads."""
+    asked = s.sequence_parallel
+    if record is not None and asked in ("auto", record.sequence_parallel):
+        if record.sequence_parallel > 1 and record.world_size != ranks.world:  # resharded: the new ranks split it
+            check_split(record.sequence_parallel, ranks, shape)
+        return (record.sequence_parallel,), f"{record.sequence_parallel}, as the checkpoint resumed was written"
+    if record is not None:
+        raise CannotRun(
+            f"SFT_SEQUENCE_PARALLEL='{asked}': the checkpoint to resume split each row over {record.sequence_parallel} "
+            f"ranks, and N sets which rows each step reads (world / N data-parallel groups), so another N would "
+            f"repeat or skip rows: set SFT_SEQUENCE_PARALLEL={record.sequence_parallel} or auto", exitcodes.PREFLIGHT)
+    if asked != "auto":
+        if problems := sequence_parallel_problems(s):
+            raise CannotRun("; ".join(problems), exitcodes.BAD_SETTINGS)
+        if asked > 1:
+            check_split(asked, ranks, shape)
+        groups = (f": each {'GPU' if ranks.on_gpu else 'rank'} holds 1/{asked} of each row, {ranks.world // asked} "
+                  "data-parallel group(s)")
+        return (asked,), f"{asked} (SFT_SEQUENCE_PARALLEL)" + (groups if asked > 1 else "")
+    degrees = tuple(n for n in shape.sequence_parallel_degrees(ranks.count) if s.max_length % n == 0)
+    if (blocked := _why_whole(s, ranks, shape, degrees)) is not None:
+        return (1,), f"1, auto: {blocked}"
+    return (1, *degrees), "auto: the fewest GPUs that hold a row"
+
+
+def _why_whole(s: Settings, ranks: Ranks, shape: ModelShape, degrees: tuple[int, ...]) -> str | None:
+    """Why auto keeps each row on one GPU whatever its length; None: it may split."""
+    if not ranks.on_gpu:
+        return "on CPU: CPU ranks split rows only when SFT_SEQUENCE_PARALLEL asks"
+    if ranks.count == 1:
+        return "one GPU per node"
+    if not degrees:
+        return (f"the model's {shape.num_heads} attention heads ({shape.num_kv_heads} key/value) and "
+                f"SFT_MAX_LENGTH={s.max_length} split over no number of this node's {ranks.count} GPUs")
+    if s.packing:
+        return "SFT_PACKING=true: a split row needs SFT_PACKING=false"
+    if s.attention in ("flex_attention", "eager"):
+        return f"SFT_ATTENTION={s.attention}: a split row needs sdpa"
+    return None
+
+
+def check_split(n: int, ranks: Ranks, shape: ModelShape) -> None:
+    """N GPUs sharing a row are GPUs of one node, and take an equal share of the model's heads (raises CannotRun)."""
+    problems = [f"{n} does not divide the {ranks.count} rank(s) of a node (each row's GPUs are on one node)"
+                if ranks.count % n else "",
+                # torch.distributed.nn's all_gather, which sums the loss over a row's ranks, emulates its
+                # backward's reduce-scatter on gloo with scatters from group ranks taken for global ones
+                # (torch 2.13): right only for the group of ranks 0..N-1
+                f"CPU ranks (gloo) split rows only over all of them: set it to SFT_CPU_RANKS={ranks.world}"
+                if not ranks.on_gpu and n != ranks.world and not ranks.count % n else "",
+                f"the model's {shape.num_heads} attention heads ({shape.num_kv_heads} key/value) do not split over "
+                f"{n} GPUs" if not shape.splits_heads(n) else ""]
+    if any(problems):
+        raise CannotRun(f"SFT_SEQUENCE_PARALLEL='{n}': " + "; ".join(p for p in problems if p) + " (splits that fit "
+                        f"here: {', '.join(map(str, shape.sequence_parallel_degrees(ranks.count))) or 'none'})",
+                        exitcodes.BAD_SETTINGS)
+
+
+def sequence_parallel_problems(s: Settings) -> list[str]:
+    """What a row split over N GPUs asks of the other settings, one line each (settings.check reports them with
+    the others; the machine and the model are checked by sequence_parallel)."""
+    n = s.sequence_parallel
+    if n in ("auto", 1):
+        return []
+    needs = ["SFT_PACKING=false: Ulysses attention over sdpa drops the mask that keeps packed conversations apart, "
+             "so they would attend to each other" if s.packing else "",
+             f"SFT_ATTENTION=auto or sdpa: DeepSpeed's Ulysses wraps sdpa, not {s.attention}"
+             if s.attention in ("flex_attention", "eager") else "",
+             f"an SFT_MAX_LENGTH that {n} divides: each GPU holds an equal share of a row" if s.max_length % n else ""]
+    return [f"SFT_SEQUENCE_PARALLEL='{n}': needs {need}" for need in needs if need]
 
 
 def liger(s: Settings, ranks: Ranks, machine: Machine) -> tuple[bool, str]:

@@ -21,6 +21,16 @@ class ModelShape:
     vocab_size: int
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
 
+    def splits_heads(self, n: int) -> bool:
+        """Whether DeepSpeed's Ulysses can split this model's attention over n GPUs: each takes heads / n query
+        heads, and the key/value heads divide by n or are copied n / kv times (ulysses_sp.py's own checks)."""
+        kv = self.num_kv_heads
+        return self.num_heads % n == 0 and (kv % n == 0 or n % kv == 0)
+
+    def sequence_parallel_degrees(self, gpus: int) -> tuple[int, ...]:
+        """Every n > 1 over which rows can be split on a node of `gpus` GPUs (n divides them), smallest first."""
+        return tuple(n for n in range(2, gpus + 1) if gpus % n == 0 and self.splits_heads(n))
+
 
 def model_shape(model: str, revision: str | None = None) -> ModelShape:
     """Read a model's config.json (folder or Hub name) and count its parameters on the meta device."""

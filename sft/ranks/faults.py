@@ -2,11 +2,12 @@
 so the controller's answers to it (escalation, the batch search passing a split over) are tested end to
 end by raising the real error here; a disk that another writer fills just before a save, so the save
 meets a real full disk; and a CPU step lasts milliseconds, so the time limit's and the budget's answers
-to a run of hours are tested on steps slowed down here. Read from SFTTEST_* variables, which no user
-sets."""
+to a run of hours are tested on steps slowed down here. Also where a test reads what a rank computed (each
+token's loss). Read from SFTTEST_* variables, which no user sets."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -56,3 +57,21 @@ def callbacks() -> list:
             time.sleep(seconds)
 
     return [SlowSteps()]
+
+
+def record_token_losses(model, spec: RunSpec) -> None:
+    """SFTTEST_TOKEN_LOSSES=FOLDER: in training, each rank appends the per-token log-probabilities of every
+    forward (TRL's fused LM head: 0 where a token has no label) to FOLDER/rankN.jsonl, one line a forward, so a
+    test can put a split row's shards together and compare them with the unsplit run's row. Observes only."""
+    folder = os.environ.get("SFTTEST_TOKEN_LOSSES")
+    if not folder or spec.mode != "train":
+        return
+    path = Path(folder) / f"rank{os.environ.get('RANK', '0')}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(module, args, output) -> None:
+        if module.training and getattr(output, "log_probs", None) is not None:
+            with path.open("a") as f:
+                f.write(json.dumps(output.log_probs.detach().float().tolist()) + "\n")
+
+    model.register_forward_hook(write)

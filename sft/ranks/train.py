@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import evaluation, faults, profiling, universal
+from . import evaluation, faults, profiling, seqpar, universal
 from .progress import ProgressCallback, StopRequest
 
 
@@ -97,8 +97,12 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     for c in callbacks:
         if c is not None:
             c.trainer = trainer
-    # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too.
-    batches = len(trainer.get_train_dataloader())
+    if spec.sequence_parallel > 1:
+        seqpar.install(trainer)
+    faults.record_token_losses(trainer.model, spec)
+    # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too, and with rows
+    # split over N GPUs each group takes its N ranks' batches in turn (DeepSpeed's UlyssesSPDataLoaderAdapter).
+    batches = len(trainer.get_train_dataloader()) * spec.sequence_parallel
     report.steps_per_epoch = max(math.ceil(batches / spec.grad_accum), 1)
     report.conversations = len(dataset)
     report.eval_rows = len(trainer.eval_dataset) if trainer.eval_dataset is not None else None

@@ -6,7 +6,10 @@ JSON the Trainer fills, and the settings refuse, in SFT_TRAINER_ARGS, every argu
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,7 +44,10 @@ OWNED_ARGS = {
     "chat_template_path": "SFT_CHAT_TEMPLATE", "eval_strategy": "SFT_EVAL_STEPS", "eval_steps": "SFT_EVAL_STEPS",
     "per_device_eval_batch_size": "the job (evaluation batches are as large as training's micro-batches)",
     "dataset_text_field": "the job (it trains on a 'text' column: rename yours)",
+    # a row split over GPUs: Accelerate's sequence parallelism, and rows padded to split evenly
+    "parallelism_config": "SFT_SEQUENCE_PARALLEL", "pad_to_multiple_of": "SFT_SEQUENCE_PARALLEL",
 }
+HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
 
 
 def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str, Any]:
@@ -89,7 +95,32 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         per_device_eval_batch_size=spec.micro_batch,
         # On CPU ranks the Trainer must use the gloo state train.py made (docs/facts.md).
         accelerator_config={"use_configured_state": in_rank and not on_gpu},
+        parallelism_config=sequence_parallelism(spec),
+        pad_to_multiple_of=row_padding(spec, on_gpu),
     )
+
+
+def sequence_parallelism(spec: RunSpec):
+    """Accelerate's ParallelismConfig for DeepSpeed's Ulysses over spec.sequence_parallel GPUs (None: off).
+    Data parallelism is what is left: world / N groups, each reading its own rows (the Transformers guide's
+    dp_replicate_size); Accelerate sizes DeepSpeed's train_batch_size from it."""
+    n = spec.sequence_parallel
+    if n == 1:
+        return None
+    from accelerate.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+
+    return ParallelismConfig(sp_backend="deepspeed", sp_size=n, dp_replicate_size=spec.record.world_size // n,
+                             sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation=spec.attention))
+
+
+def row_padding(spec: RunSpec, on_gpu: bool) -> int | str:
+    """pad_to_multiple_of: a row split over N GPUs must split evenly, so it is padded to a multiple of N. On
+    CPU ranks to the whole SFT_MAX_LENGTH: DeepSpeed's batch adapter all-gathers each rank's batch at its own
+    length, which NCCL allows and gloo refuses ("ProcessGroupGloo::allgather: invalid tensor size").
+    "auto": TRL's default, no padding off Neuron."""
+    if spec.sequence_parallel == 1:
+        return "auto"
+    return spec.sequence_parallel if on_gpu else spec.max_length
 
 
 def trainer_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True):
@@ -119,3 +150,29 @@ def filled_ds_config(config: dict[str, Any], args: Any, world_size: int, model_c
     hf.trainer_config_process(_RunArgs())
     hf.trainer_config_finalize(_RunArgs(), SimpleNamespace(config=model_config), total_steps)
     return hf.config
+
+
+def trainer_args_problems(value: str) -> list[str]:
+    """SFT_TRAINER_ARGS: a JSON object of SFTConfig arguments, none of OWNED_ARGS, one line per problem; a token
+    typed in it never shown."""
+    from trl import SFTConfig
+
+    shown = HF_TOKEN_TEXT.sub("hf_***", value)  # a token typed in here must not reach the log either
+    try:
+        args = json.loads(value)
+    except json.JSONDecodeError as e:
+        return [f"SFT_TRAINER_ARGS={shown!r}: not JSON ({e})"]
+    if not isinstance(args, dict):
+        return [f"SFT_TRAINER_ARGS={shown!r}: " + 'expected a JSON object such as {"dataloader_num_workers": 2}']
+    if "hub_token" in args:
+        shown = json.dumps({**args, "hub_token": "***"})
+    known = {f.name for f in dataclasses.fields(SFTConfig)}
+    problems = []
+    for name in args:
+        if name in OWNED_ARGS:
+            problems.append(f"SFT_TRAINER_ARGS={shown!r}: {name} is set by the job: use {OWNED_ARGS[name]}")
+        elif name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
+            problems.append(f"SFT_TRAINER_ARGS={shown!r}: {name}: unknown argument ({hint})")
+    return problems

@@ -1,0 +1,89 @@
+"""The checks that involve more than one variable's syntax: files, formats, combinations (the settings' own
+module parses each variable). Called by settings.from_env, so every problem is reported with the others, in
+the same form; the service's settings are settings_service.py's, a row split over GPUs the planner's rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from .data import entries as data_entries
+from .data import looks_local
+from .settings import REPO_ID, Settings, _bad
+
+
+def check(s: Settings) -> list[str]:
+    """Checks that involve more than one variable's syntax: files, formats, combinations."""
+    from .settings_service import service_problems
+
+    problems = []
+    if s.max_steps == 0:
+        problems.append(_bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
+    problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
+    problems += data_entries.settings_problems(s)
+    if s.ds_config is not None:
+        problems += _check_ds_config(s)
+    if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
+        problems.append(_bad("SFT_GPUS", s.gpus, "expected all, or GPU indices such as 0,1,2,3"))
+    elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
+        problems.append(_bad("SFT_GPUS", s.gpus, "a GPU is listed twice"))
+    if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
+        problems.append(_bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
+    if s.trainer_args is not None:
+        from .ranks.trainer import trainer_args_problems  # TRL takes seconds to import: only when set
+
+        problems += trainer_args_problems(s.trainer_args)
+    if s.liger_kernels == "true" and not liger_available():
+        problems.append(_bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
+                             "(the image has them): install them, or use auto or false"))
+    problems += _check_output_dir(s.output_dir)
+    problems += service_problems(s)
+    from .planner.rules import sequence_parallel_problems  # the rule's own: what a split row asks of the rest
+
+    return problems + sequence_parallel_problems(s)
+
+
+def liger_available() -> bool:  # also the machine's fact (controller/machine.py)
+    """liger-kernel and the Triton it compiles with are importable (found, not imported: Triton is slow)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
+
+
+def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
+    path = Path(os.path.expanduser(value))
+    if not looks_local(value):
+        if REPO_ID.match(value):
+            return []
+        return [_bad(var, value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B")]
+    if not path.exists():
+        return [_bad(var, value, "no such file or folder")]
+    if expect_dir and not (path / "config.json").is_file():
+        return [_bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
+    return []
+
+
+def _check_ds_config(s: Settings) -> list[str]:
+    try:
+        config = s.user_ds_config
+    except FileNotFoundError:
+        return [_bad("SFT_DS_CONFIG", s.ds_config, "no such file")]
+    except (OSError, json.JSONDecodeError) as e:
+        return [_bad("SFT_DS_CONFIG", s.ds_config, f"not a readable JSON file ({e})")]
+    if not isinstance(config, dict) or "zero_optimization" not in config:
+        return [_bad("SFT_DS_CONFIG", s.ds_config, "expected a DeepSpeed config with a zero_optimization section")]
+    return []
+
+
+def _check_output_dir(value: str) -> list[str]:
+    # Find the nearest folder that exists: the job creates the rest. Nothing is written here.
+    path = Path(os.path.expanduser(value)).absolute()
+    if path.exists() and not path.is_dir():
+        return [_bad("SFT_OUTPUT_DIR", value, "exists and is not a folder")]
+    while not path.exists():
+        path = path.parent
+    if not os.access(path, os.W_OK | os.X_OK):
+        return [_bad("SFT_OUTPUT_DIR", value, f"{path} is not writable (mount a writable folder there)")]
+    return []

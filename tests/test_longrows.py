@@ -1,0 +1,109 @@
+"""Rows longer than SFT_MAX_LENGTH (SFT_LONG_ROWS): every training row counted once, by the data step before any
+rank starts, as TRL prepares it; then truncated by TRL, dropped (the same rows in the controller and the ranks), or
+refused with exit 2 before anything is written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from transformers import AutoTokenizer
+
+from conftest import DEMO_DATA, DEMO_MODEL, demo_env, read_summary, run_entrypoint
+from sft import exitcodes
+from sft.controller import data as data_step
+from sft.data import DataError, longrows
+from sft.data.sources import build
+from sft.planner import data as data_rules
+from sft.planner.inputs import Ranks
+from sft.settings import Settings
+
+LENGTH = 64  # the demo's conversations run from 19 to 95 tokens
+ONE_CPU_RANK = Ranks(1, ())
+
+
+@pytest.fixture(autouse=True)
+def own_cache(isolated_env):
+    """datasets' cache under tmp_path, offline (isolated_env)."""
+
+
+@pytest.fixture(scope="module")
+def lengths() -> list[int]:
+    """The demo's lengths by hand, one conversation at a time, as the chat template renders them."""
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    return [len(tokenizer.apply_chat_template(json.loads(line)["messages"], tokenize=True)["input_ids"])
+            for line in DEMO_DATA.read_text().splitlines()]
+
+
+def read(tmp_path, **settings):
+    s = Settings(model=str(DEMO_MODEL), dataset=str(DEMO_DATA), output_dir=str(tmp_path / "out"),
+                 **{"max_length": LENGTH, "micro_batch": 1, **settings})
+    return s, data_step.read(s, ONE_CPU_RANK)
+
+
+def test_every_training_row_is_counted_as_trl_prepares_it(tmp_path, lengths):
+    _, found = read(tmp_path)
+    longer = sum(n > LENGTH for n in lengths)
+    assert 0 < longer < len(lengths)
+    assert found.long_rows == longrows.LongRows(len(lengths), longer, max(lengths), min(lengths), LENGTH, "truncate")
+    line = (f"data: long rows: {longer} of {len(lengths)} training rows are longer than SFT_MAX_LENGTH=64 tokens "
+            f"and will be cut to it (the longest: {max(lengths)}; SFT_LONG_ROWS=truncate)")
+    assert line in found.notes and len(found.train) == len(lengths)  # TRL cuts them while it prepares the data
+    _, fits = read(tmp_path, long_rows="error", max_length=max(lengths))
+    assert fits.long_rows.longer == 0 and fits.long_rows.line().startswith("data: long rows: none of the 512 ")
+
+
+def test_drop_leaves_the_same_rows_out_in_the_controller_and_the_ranks(tmp_path, lengths):
+    s, found = read(tmp_path, long_rows="drop")
+    kept = [i for i, n in enumerate(lengths) if n <= LENGTH]
+    assert found.facts.dropped == tuple(i for i, n in enumerate(lengths) if n > LENGTH)
+    assert len(found.train) == len(kept) and any(n.endswith("are left out (the longest: 95; SFT_LONG_ROWS=drop)")
+                                                 for n in found.notes)
+    plan, _ = data_rules.plan(s, found.facts)
+    train, _ = build(plan)  # what the ranks train on, from the plan alone: nothing counted again
+    assert train["messages"] == found.train["messages"]
+    assert data_step.summary(found, plan)["long_rows"]["longer"] == len(lengths) - len(kept)
+    with pytest.raises(DataError, match=r"SFT_LONG_ROWS=drop: every one of the 512 training rows is longer than "
+                                        r"SFT_MAX_LENGTH=16 tokens, so none is left"):
+        read(tmp_path, long_rows="drop", max_length=16)
+
+
+def test_drop_keeps_the_held_out_evaluation_rows_apart(tmp_path):
+    s, found = read(tmp_path, long_rows="drop", eval_fraction=0.1)
+    plan, _ = data_rules.plan(s, found.facts)
+    train, evaluation = build(plan)
+    assert train["messages"] == found.train["messages"] and evaluation["messages"] == found.eval["messages"]
+
+
+def test_error_refuses_them_naming_how_many_and_the_longest(tmp_path, lengths):
+    with pytest.raises(DataError) as e:
+        read(tmp_path, long_rows="error")
+    longer = sum(n > LENGTH for n in lengths)
+    assert e.value.problems == [f"SFT_LONG_ROWS=error: {longer} of 512 training rows are longer than SFT_MAX_LENGTH="
+                                f"64 tokens (the longest: {max(lengths)}): raise SFT_MAX_LENGTH to {max(lengths)}, or "
+                                "set SFT_LONG_ROWS=truncate or drop"]
+
+
+def test_error_exits_2_before_anything_is_written(tmp_path, lengths):
+    result = run_entrypoint(demo_env(tmp_path, long_rows="error", max_length=LENGTH))
+    assert result.returncode == exitcodes.BAD_SETTINGS, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (f"SFT_LONG_ROWS=error: {sum(n > LENGTH for n in lengths)} of 512 training rows are longer than "
+            f"SFT_MAX_LENGTH=64 tokens (the longest: {max(lengths)})") in result.stdout + result.stderr
+    assert not (tmp_path / "out" / "run").exists() and not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+@pytest.mark.slow
+def test_dropped_rows_are_left_out_and_reported_before_training(tmp_path, lengths):
+    kept = sum(n <= LENGTH for n in lengths)
+    result = run_entrypoint(demo_env(tmp_path, long_rows="drop", max_length=LENGTH, packing="false", micro_batch=1,
+                                     grad_accum=1, probe_steps=3, max_steps=3, save_steps=3))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    line = (f"data: long rows: {512 - kept} of 512 training rows are longer than SFT_MAX_LENGTH=64 tokens and are "
+            f"left out (the longest: {max(lengths)}; SFT_LONG_ROWS=drop)")
+    assert result.stdout.count(line) == 1  # counted once, by the data step, before any rank starts
+    summary = read_summary(tmp_path / "out")
+    assert summary["data"]["long_rows"] == {"rows": 512, "longer": 512 - kept, "longest": max(lengths),
+                                            "shortest": min(lengths), "max_length": LENGTH, "action": "drop"}
+    assert summary["data"]["train_rows"] == kept
+    assert summary["probe"]["steps_per_epoch"] == math.ceil(kept / 2)  # 2 ranks, one conversation each a step
