@@ -107,3 +107,12 @@ def test_dropped_rows_are_left_out_and_reported_before_training(tmp_path, length
                                             "shortest": min(lengths), "max_length": LENGTH, "action": "drop"}
     assert summary["data"]["train_rows"] == kept
     assert summary["probe"]["steps_per_epoch"] == math.ceil(kept / 2)  # 2 ranks, one conversation each a step
+
+
+def test_a_large_dataset_is_counted_by_forked_processes_as_by_one(tmp_path, lengths):
+    """The count of a large dataset, one forked process per core, gives every row's length in order."""
+    from sft.data.tokens import Labeller
+
+    s, found = read(tmp_path)
+    labeller = Labeller(AutoTokenizer.from_pretrained(DEMO_MODEL), "all", LENGTH)
+    assert longrows.measure(found.train, labeller, processes=3) == longrows.measure(found.train, labeller) == lengths
