@@ -235,7 +235,7 @@ hub_repo=alice/demo-sft
 # two epochs of 64 steps (512 conversations, unpacked / (2 CPU ranks x micro-batch 2 x accumulation 2)):
 # one epoch can train in 3 s, and what trains after the resume must outlast an upload round
 epochs=2
-total_steps=$(( epochs * 64 ))
+total_steps=$(( epochs * 64 ))  # 512 rows, 2 ranks x 4 rows of 256 tokens a step (SFT_TOKENS_PER_STEP=1024)
 # The server's side, through its HTTP API (the token in HUB_TOKEN, never written to a file):
 #   hub steps              the checkpoints whose manifest.json is on the Hub
 #   hub private            the repo is private: so says its info, and an anonymous request is refused
@@ -309,6 +309,7 @@ elif command == "verify":
 PY
 hub() { HUB_TOKEN=$fake_token python3 "$work/hub.py" "$hub_url" "$hub_repo" "$@"; }
 hub_env=(-e SFT_MODEL=/app/demo/tiny-qwen3 -e SFT_DATASET=/app/demo/chat.jsonl -e SFT_ZERO_STAGE=2
+         -e SFT_TOKENS_PER_STEP=1024
          -e SFT_MAX_LENGTH=256 -e SFT_PACKING=false -e SFT_PROBE_STEPS=0 -e SFT_SAVE_STEPS=4
          -e SFT_LOGGING_STEPS=1 -e SFT_EPOCHS="$epochs" -e SFT_HUB_REPO="$hub_repo" -e SFT_UPLOAD_MINUTES=0.02
          -e SFT_STOP_GRACE_SECONDS=$(( STOP_TIMEOUT - 30 )) -e HF_TOKEN="$fake_token" -e HF_ENDPOINT="$hub_url"
