@@ -191,7 +191,7 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
     from ..data.tokens import Labeller
 
     labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, _trainer_args(s))
-    problems, notes = _long_rows(s, found, labeller)
+    problems, notes, lengths = _long_rows(s, found, labeller)
     train, evaluation = found.train, found.eval
     split, _, _ = rules.batch_split(s, None, ranks.on_gpu)  # a batch search keeps its rows per step
     seq = s.sequence_parallel if isinstance(s.sequence_parallel, int) else 1  # auto: as if unsplit (the most)
@@ -201,7 +201,7 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
                 f"{groups} data-parallel group(s) of {seq} rank(s)") + (
         f" x micro-batch {split.micro_batch} x accumulation {split.grad_accum}")
     if s.packing:
-        problems += checks.too_few_packed(train, labeller, needed, per_step, "SFT_DATASET")
+        problems += checks.too_few_packed(train, lengths, labeller, needed, per_step, "SFT_DATASET")
     else:
         problems += checks.too_few_rows(len(train), needed, per_step, "SFT_DATASET")
         if evaluation is not None and len(evaluation):
@@ -212,20 +212,23 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
     return notes
 
 
-def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str]]:
-    """(problems, notes) of SFT_LONG_ROWS: every training row counted once, here; drop leaves the long ones out
-    of found.train and names their positions in the facts, so the ranks leave out the same rows."""
+def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str], list[int]]:
+    """(problems, notes, the tokens of each row of found.train) of SFT_LONG_ROWS: every training row counted once,
+    here; drop leaves the long ones out of found.train and names their positions in the facts, so the ranks leave
+    out the same rows."""
     from ..data import longrows
 
     lengths = longrows.measure(found.train, labeller)
     found.long_rows = longrows.count(lengths, s.max_length, s.long_rows)
     if (problem := found.long_rows.problem(s.packing)) is not None:
-        return [problem], []
+        return [problem], [], lengths
     if s.long_rows == "drop" and found.long_rows.longer:
         drop = longrows.dropped(lengths, s.max_length)
         found.train = longrows.without(found.train, drop)
         found.facts = dataclasses.replace(found.facts, dropped=tuple(drop))
-    return [], [found.long_rows.line()]
+        gone = set(drop)
+        lengths = [n for i, n in enumerate(lengths) if i not in gone]
+    return [], [found.long_rows.line()], lengths
 
 
 def _trainer_args(s: Settings) -> dict:

@@ -127,16 +127,16 @@ def too_few_rows(rows: int, needed: int, per_step: str, label: str) -> list[str]
     return [f"{label}: {rows} training row(s), and one optimizer step takes {needed} ({per_step}): {FEWER}"]
 
 
-def too_few_packed(dataset: Dataset, labeller: Labeller, needed: int, per_step: str, label: str) -> list[str]:
-    """Packed: one step takes `needed` rows of max_length tokens. Rows are tokenised until they hold that many
-    tokens (then they pack into at least as many rows), else all of them are packed as TRL packs them."""
+def too_few_packed(dataset: Dataset, lengths: list[int], labeller: Labeller, needed: int, per_step: str,
+                   label: str) -> list[str]:
+    """Packed: one step takes `needed` rows of max_length tokens. Rows holding that many tokens (`lengths`, each
+    row's, as the long-row count measured them) pack into at least as many rows; else all of them are packed as
+    TRL packs them."""
     from .tokens import in_memory
 
-    tokens = 0
-    for start, stop in chunks(len(dataset)):
-        tokens += sum(labeller.lengths(in_memory(dataset, start, stop)))
-        if tokens >= needed * labeller.max_length:
-            return []
+    tokens = sum(lengths)
+    if tokens >= needed * labeller.max_length:
+        return []
     packed = len(labeller.prepare(in_memory(dataset, 0, len(dataset)), packing=True))
     if packed >= needed:
         return []
