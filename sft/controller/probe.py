@@ -105,7 +105,8 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict
         raise ProbeOutOfMemory(f"the {name} ran out of GPU memory")
     if code != 0 or len(reports) != d.ranks.world or any(r.status != "done" for r in reports):
         tried("failed")
-        say(f"error: the {name} failed (launcher exit code {code}); see the ranks' output above")
+        why = next((f": {r.error}" for r in reports if r.error), "")
+        say(f"error: the {name} failed (launcher exit code {code}{why}); see the ranks' output above")
         raise _Failed(exitcodes.PROBE_FAILED)
     fig = figures.figures(reports, runner.s, runner.overheads, runner.started_at,
                           d.data.eval_steps if d.data else None)

@@ -5,6 +5,7 @@ of each checkpoint saved (with how long the save took) and each evaluation."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -47,6 +48,24 @@ class StopRequest:
         return self.requested
 
 
+class LossNotFinite(RuntimeError):
+    """The loss or the gradient norm is NaN or infinite: the weights are no longer usable."""
+
+
+def not_finite(logs: dict, step: int) -> LossNotFinite | None:
+    """The error for a logged loss or gradient norm that is NaN or infinite, else None."""
+    # An infinite gradient norm alone is not listed: the step is clipped or skipped and the loss can stay sound.
+    bad = {k: v for k, v in logs.items() if isinstance(v, float) and (
+        (k == "loss" and not math.isfinite(v)) or (k == "grad_norm" and math.isnan(v)))}
+    if not bad:
+        return None
+    shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+    return LossNotFinite(
+        f"{shown} at step {step}: training diverged and the weights are no longer usable, so the ranks stopped "
+        "without saving them (the checkpoints before stay). Try SFT_COMPILE=false if the model was compiled, "
+        "a lower SFT_LEARNING_RATE, or SFT_PRECISION=fp32 to tell a bf16 overflow from a bad row.")
+
+
 class ProgressCallback(TrainerCallback):
     """Records time and tokens at every optimizer step; turns a stop request into save-and-stop; writes the
     CheckpointRecord into each checkpoint before the Trainer saves it."""
@@ -83,6 +102,23 @@ class ProgressCallback(TrainerCallback):
             record.save(Path(args.output_dir) / f"checkpoint-{state.global_step}" / CheckpointRecord.FILE)
         self._write_progress(state, force=False)
         return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        error = not_finite(logs or {}, state.global_step)
+        if error:
+            raise error
+
+    def _refuse_to_save_diverged(self, state) -> None:
+        """Before a checkpoint: the loss summed since the last log (the Trainer's own running sum, which holds
+        a NaN once one step had it) must be finite, so a diverged model never replaces a good checkpoint."""
+        running = getattr(self.trainer, "_tr_loss", None)
+        if not isinstance(running, torch.Tensor):
+            return
+        bad = (~torch.isfinite(running.detach())).any().float().reshape(1)
+        if dist.is_initialized():  # one rank's NaN stops them all here, before the save's collectives
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            raise not_finite({"loss": float("nan")}, state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         """After each checkpoint: its save time and event (rank 0 of a training run); and when the disk cannot

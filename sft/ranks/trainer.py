@@ -31,6 +31,7 @@ OWNED_ARGS = {
     "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "SFT_REPORT_TO", "run_name": "SFT_RUN_NAME",
     "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "use_liger_kernel": "SFT_LIGER_KERNELS",
     "torch_compile": "SFT_COMPILE",
+    "logging_nan_inf_filter": "the job (a loss that is not finite stops the run)",
     "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
     "accelerator_config": "the job (the ranks' process group)",
     # the job uploads, and the token stays out of every file (training_args.bin pickles these arguments)
@@ -73,6 +74,9 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         activation_offloading=spec.offload_activations,
         logging_steps=1 if probe else spec.logging_steps,
         logging_first_step=True,
+        # The Trainer's default logs a NaN step as the mean of the others (0.0 when it logs every step), which
+        # hid a diverged run behind plausible numbers: the ranks stop at the first loss that is not finite.
+        logging_nan_inf_filter=False,
         save_strategy="no" if probe else "steps",  # a timing run writes no checkpoint
         save_steps=spec.save_steps,
         save_total_limit=spec.save_total_limit,

@@ -1,0 +1,56 @@
+"""A loss that is not finite stops the ranks with a message that says so, and nothing diverged is saved.
+
+The Trainer's default (logging_nan_inf_filter) logs a NaN step as the mean of the others, 0.0 when it logs every
+step: on an H200 the compiled defaults trained 12 NaN steps that read as a loss of 0.0, and the probe called it a
+success (docs/speed.md). Here the NaN is real: a model whose final norm holds a NaN weight, as a corrupted
+download or a broken conversion leaves one, trained by the real entrypoint on 2 CPU ranks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from conftest import DEMO_MODEL, demo_env, read_summary, run_entrypoint
+
+
+@pytest.fixture
+def broken_model(tmp_path: Path) -> Path:
+    folder = tmp_path / "broken-model"
+    shutil.copytree(DEMO_MODEL, folder)
+    weights = load_file(folder / "model.safetensors")
+    name = next(k for k in weights if k.endswith("model.norm.weight"))
+    weights[name][0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_a_probe_whose_loss_is_nan_fails_naming_it(tmp_path, broken_model):
+    env = demo_env(tmp_path, model=broken_model, probe_steps=4, cpu_ranks=2)
+    done = run_entrypoint(env, "probe")
+    assert done.returncode == 5, done.stdout[-3000:] + done.stderr[-3000:]
+    error = next(line for line in done.stdout.splitlines() if " error: the probe failed" in line)
+    assert "LossNotFinite: loss nan at step 1: training diverged" in error
+    assert "SFT_LEARNING_RATE" in error and "SFT_COMPILE=false" in error
+    assert read_summary(tmp_path / "out")["status"] != "done"
+
+
+def test_training_that_diverges_saves_no_checkpoint_of_it(tmp_path, broken_model):
+    # no probe; logged every 10 steps, saved every step: the save of step 1 finds the NaN before the log does
+    env = demo_env(tmp_path, model=broken_model, probe_steps=0, save_steps=1, max_steps=3, cpu_ranks=2)
+    done = run_entrypoint(env)
+    assert done.returncode == 6, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out"
+    assert "loss nan at step 1: training diverged" in done.stdout
+    assert not list(out.glob("checkpoint-*")) and not (out / "final").exists()
+
+
+def test_the_finite_case_is_not_flagged():
+    from sft.ranks.progress import not_finite
+
+    assert not_finite({"loss": 2.5, "grad_norm": float("inf")}, 3) is None  # clipped or skipped: not diverged
+    assert "loss inf at step 3" in str(not_finite({"loss": float("inf")}, 3))
+    assert "grad_norm nan at step 7" in str(not_finite({"loss": 1.0, "grad_norm": float("nan")}, 7))
