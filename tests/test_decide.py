@@ -273,7 +273,7 @@ def test_rows_split_over_the_gpus_asked():
     assert d.reasons["sequence_parallel"] == ("2 (SFT_SEQUENCE_PARALLEL): each GPU holds 1/2 of each row, "
                                               "4 data-parallel group(s)")
     assert d.reasons["attention"].startswith("sdpa, auto with rows split over GPUs")
-    assert d.reasons["compile"].startswith("off, auto with rows split over GPUs")
+    assert d.reasons["compile"].startswith("off, auto: compiled training")
     assert "262,144 tokens per group of 2 GPUs per step" in d.reasons["split"]
     assert d.plan.setup.row_tokens == 131072 and d.row == d.plan.row(d.stage.name)
     assert d.record().sequence_parallel == 2 and d.resolved()["sequence_parallel"] == 2
@@ -544,3 +544,12 @@ def test_a_split_checkpoint_on_another_number_of_gpus_is_converted_keeping_its_s
     with pytest.raises(CannotRun, match=r"SFT_SEQUENCE_PARALLEL='2': 2 does not divide the 3 rank\(s\) of a node"):
         decided(shape=Q8, machine=Machine(gpus=(H200,) * 3, host_memory_bytes=400 * GIB), record=record,
                 packing=False)
+
+
+def test_compiling_is_off_unless_asked():
+    """Compiled, the defaults' loss was NaN from step 3 on an H200 (2026-12-01): auto does not compile."""
+    d = decided()
+    assert d.compile is False and d.reasons["compile"].startswith("off, auto: compiled training")
+    assert "NaN" in d.reasons["compile"] and "SFT_COMPILE=true" in d.reasons["compile"]
+    asked = decided(compile="true")
+    assert asked.compile is True and asked.reasons["compile"] == "true (SFT_COMPILE)"

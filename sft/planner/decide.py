@@ -222,7 +222,7 @@ def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
 def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
-    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage, d.sequence_parallel)
+    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks)
     d = _replace(d, stage=stage, ds_config=config, compile=compiled,
                  reasons={**d.reasons, "stage": why, "compile": why_compile})
     return _with_split(inputs, d, split or d.split)
