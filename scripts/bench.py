@@ -56,12 +56,18 @@ CONFIGS = {
                          liger_kernels="true", batch_search="false"),
     "compile": dict(compile="true"),
     "compile-noliger": dict(compile="true", liger_kernels="false"),
+    "compile-sdpa": dict(compile="true", attention="sdpa"),
     # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
     "default-nocompile": dict(compile="false"),
     # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
     "compile-layers": dict(compile="true", env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
     # twice the tokens per optimizer step: the step's fixed cost spread over twice the work
     "default-ga2": dict(micro_batch=4, grad_accum=2, batch_search="false"),
+    # the same through the setting a user would change (the batch search picks the split)
+    "tokens-16k": dict(tokens_per_step=16384),
+    "noliger-16k": dict(compile="true", liger_kernels="false", tokens_per_step=16384),
+    # the defaults of 2026-12-01 (compiled, Liger, 8,192 tokens a step), whatever the defaults become
+    "compile-liger-8k": dict(compile="true", liger_kernels="true", tokens_per_step=8192),
 }
 
 
@@ -114,9 +120,12 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     used = summary.get("resolved") or {}  # what ran: the batch search's split, auto's checkpointing and Liger
     split = {k: used[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing", "liger_kernels") if k in used}
     profile = work / name / "run" / "reports" / "profile-rank0.json"
+    report = work / name / "run" / "reports" / "probe-rank0.json"
+    history = json.loads(report.read_text()).get("log_history", []) if report.exists() else []
     return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig,
             "batch_search": summary.get("batch_search"), "phases": summary.get("phases"),
-            "profile": json.loads(profile.read_text()) if profile.exists() else None}
+            "profile": json.loads(profile.read_text()) if profile.exists() else None,
+            "losses": [[h["step"], h["loss"], h.get("grad_norm")] for h in history if "loss" in h]}
 
 
 @click.command()

@@ -4,13 +4,18 @@ communication, copies, other kernels and idle GPU time.
 
 Turned on by SFTDEV_PROFILE_STEP=N in the ranks' environment (scripts/profile_step.py sets it), never by
 a user setting. Writes REPORT_DIR/profile-rank0.json (the split) and profile-rank0.trace.json (a Chrome
-trace). The phases are timed with a device synchronisation at each boundary, which a profiled step pays.
+trace), and profile-rank0.python.txt: Python's own profile (cProfile) of the same step, the functions that
+hold the host while the GPU waits. The phases are timed with a device synchronisation at each boundary,
+which a profiled step pays, and cProfile slows Python-heavy code further: profile a run of its own.
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +63,8 @@ class StepProfile(TrainerCallback):
         self.prof = torch.profiler.profile(activities=activities)
         self.prof.__enter__()
         _sync()
+        self.python = cProfile.Profile()
+        self.python.enable()
         self.began = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -65,6 +72,7 @@ class StepProfile(TrainerCallback):
             return
         _sync()
         wall = time.perf_counter() - self.began
+        self.python.disable()
         self.prof.__exit__(None, None, None)
         for engine, name, original in self.restore:
             setattr(engine, name, original)
@@ -75,6 +83,7 @@ class StepProfile(TrainerCallback):
         except Exception as e:  # noqa: BLE001
             split = {"profiled_step": self.step, "wall_seconds": round(wall, 4), "error": f"{type(e).__name__}: {e}"}
         (self.out / "profile-rank0.json").write_text(json.dumps(split, indent=1))
+        (self.out / "profile-rank0.python.txt").write_text(_python_table(self.python))
         self.prof = None
 
     def _mark_phases(self, engine) -> None:
@@ -92,6 +101,15 @@ class StepProfile(TrainerCallback):
 
             self.restore.append((engine, name, original))
             setattr(engine, name, marked)
+
+
+def _python_table(profile: cProfile.Profile) -> str:
+    """The step's Python functions by cumulative time, then by their own time."""
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(40)
+    return text.getvalue()
 
 
 def _kind(name: str) -> str:
