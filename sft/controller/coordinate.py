@@ -21,7 +21,6 @@ import hashlib
 import json
 import secrets
 import sys
-import threading
 import time
 from datetime import timedelta
 from importlib import metadata
@@ -34,6 +33,7 @@ from ..handoff import read_json, write_json
 from ..nodes import Nodes
 from ..planner.inputs import Ranks
 from ..settings import Settings, env_name
+from .heartbeat import Heartbeat
 from .launch import REPO_ROOT, Launch, Stopper
 
 POLL_S = 0.2  # how often a waiting controller looks at the store (and lets a signal handler run)
@@ -212,7 +212,7 @@ class Team:
     def follow(self, stopper: Stopper) -> int:
         """Start this node's ranks for each launch node 0 announces; return node 0's exit code."""
         stopper.install()
-        self._heartbeat()
+        beating = self._heartbeat()
         try:
             while True:
                 self.seq += 1
@@ -226,24 +226,18 @@ class Team:
         except NodesFailed as e:
             say(f"error: {e}")
             return exitcodes.TRAIN_FAILED
+        finally:
+            beating.stop()
 
     def _launch(self, record: dict[str, str], stopper: Stopper) -> int:
         # a SIGTERM between two launches stops the next one at its first step
         return stopper.running(Launch(self.s, self.ranks, Path(record["spec"]), Path(record["stop_file"]),
                                       self.nodes))
 
-    def _heartbeat(self) -> None:
-        key = f"alive/{self.nodes.node_rank}"
-
-        def beat() -> None:
-            while True:
-                try:
-                    self.store.add(key, 1)
-                except RuntimeError:
-                    return  # node 0 is gone; the main loop finds out at its next look and says so
-                time.sleep(HEARTBEAT_S)
-
-        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    def _heartbeat(self) -> Heartbeat:
+        beating = Heartbeat(self.store, f"alive/{self.nodes.node_rank}", HEARTBEAT_S)
+        beating.thread.start()
+        return beating
 
 
 # -- what the nodes compare ---------------------------------------------------------------------
