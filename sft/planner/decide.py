@@ -91,9 +91,10 @@ def decide(inputs: Inputs) -> Decision:
     reasons = {"ranks": why_ranks}
     bf16, reasons["precision"] = rules.precision(s, ranks)
     liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
+    compiled, reasons["compile"] = rules.compile_model(s, ranks)
     splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
-    draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=liger, compile=False, stage=stages.get("1"),
+    draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=liger, compile=compiled, stage=stages.get("1"),
                      ds_config={}, split=None, searched=False, search=(), pin_memory=True,  # type: ignore[arg-type]
                      launcher=s.launcher, plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _split_rows(inputs, draft, splits, why_split)
@@ -222,9 +223,7 @@ def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
 def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
-    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks)
-    d = _replace(d, stage=stage, ds_config=config, compile=compiled,
-                 reasons={**d.reasons, "stage": why, "compile": why_compile})
+    d = _replace(d, stage=stage, ds_config=config, reasons={**d.reasons, "stage": why})
     return _with_split(inputs, d, split or d.split)
 
 
