@@ -235,9 +235,7 @@ class Team:
                                       self.nodes))
 
     def _heartbeat(self) -> Heartbeat:
-        beating = Heartbeat(self.store, f"alive/{self.nodes.node_rank}", HEARTBEAT_S)
-        beating.thread.start()
-        return beating
+        return Heartbeat(self.store, f"alive/{self.nodes.node_rank}", HEARTBEAT_S).start()
 
 
 # -- what the nodes compare ---------------------------------------------------------------------

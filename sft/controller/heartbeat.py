@@ -14,6 +14,10 @@ class Heartbeat:
         self.store, self.key, self.every_s, self.stopped = store, key, every_s, threading.Event()
         self.thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
 
+    def start(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
     def _beat(self) -> None:
         while not self.stopped.is_set():
             try:
