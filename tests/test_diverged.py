@@ -39,7 +39,7 @@ def test_a_probe_whose_loss_is_nan_fails_naming_it(tmp_path, broken_model):
 
 
 def test_training_that_diverges_saves_no_checkpoint_of_it(tmp_path, broken_model):
-    # no probe; logged every 10 steps, saved every step: the save of step 1 finds the NaN before the log does
+    # no probe, a save every step: step 1 is logged (the job's logging_first_step), so its log stops the run
     env = demo_env(tmp_path, model=broken_model, probe_steps=0, save_steps=1, max_steps=3, cpu_ranks=2)
     done = run_entrypoint(env)
     assert done.returncode == 6, done.stdout[-3000:] + done.stderr[-3000:]
@@ -54,3 +54,22 @@ def test_the_finite_case_is_not_flagged():
     assert not_finite({"loss": 2.5, "grad_norm": float("inf")}, 3) is None  # clipped or skipped: not diverged
     assert "loss inf at step 3" in str(not_finite({"loss": float("inf")}, 3))
     assert "grad_norm nan at step 7" in str(not_finite({"loss": 1.0, "grad_norm": float("nan")}, 7))
+
+
+def test_a_save_at_a_step_not_logged_is_refused_once_the_running_loss_is_nan():
+    """Logged every 10 steps and saved every 5, a NaN at step 3 would reach checkpoint-5 before any log shows
+    it: the save's own check reads the Trainer's running loss sum, which holds the NaN (logging_nan_inf_filter
+    is off). Single process: no collective."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sft.ranks.progress import LossNotFinite, ProgressCallback
+
+    def check(running: float) -> None:
+        trainer = SimpleNamespace(_tr_loss=torch.tensor(running))
+        ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
+
+    check(12.5)
+    with pytest.raises(LossNotFinite, match="loss nan at step 5: training diverged"):
+        check(float("nan"))
