@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import evaluation, faults, profiling, seqpar, universal
+from . import evaluation, faults, profiling, seqpar, universal, upstream
 from .progress import ProgressCallback, StopRequest
 
 
@@ -83,6 +83,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         for variable, value in tracking.environment(spec.report_to, Path(spec.run_dir)).items():
             os.environ.setdefault(variable, value)
     config = trainer_arguments(spec, on_gpu)
+    if spec.stage.startswith("3"):
+        upstream.fused_head_with_offloaded_checkpoints()  # a no-op for ZeRO-3's own parameters
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
