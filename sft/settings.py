@@ -95,14 +95,16 @@ class Settings(TrainedOn):
                               choices=ATTENTIONS)
     liger_kernels: str = _setting("auto", "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (TRL's "
                                   "use_liger_kernel): true, false, or auto: on GPUs where liger-kernel is "
-                                  "installed (the image has it), off on CPU.", choices=SWITCH)
+                                  "installed (the image has it), off on CPU and with SFT_COMPILE=true (true with it "
+                                  "is refused: compiled with them, the loss was NaN).", choices=SWITCH)
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
     compile: str = _setting("auto", "torch.compile the model (TRL's torch_compile): true, false, or auto: off. "
-                            "Compiled, the defaults ran 36% faster on an H200 and their loss was NaN from the "
-                            "third step (docs/speed.md), so auto does not compile until that is fixed; true "
-                            "compiles anyway (the ranks stop at a NaN loss). Its first steps compile (the probe "
+                            "On an H200, compiled with Liger's kernels the loss was NaN from the third step, and "
+                            "compiled without them the defaults ran at half the uncompiled speed (docs/speed.md), "
+                            "so auto does not compile; true compiles, with Liger's kernels off. Its first steps "
+                            "compile (the probe "
                             "counts them); the compiled kernels are cached under SFT_OUTPUT_DIR/run/compile-cache, "
                             "so a resumed job does not compile again.", choices=SWITCH)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "

@@ -38,6 +38,10 @@ def check(s: Settings) -> list[str]:
     if s.liger_kernels == "true" and not liger_available():
         problems.append(_bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
                              "(the image has them): install them, or use auto or false"))
+    if s.liger_kernels == "true" and s.compile == "true":
+        problems.append(_bad("SFT_LIGER_KERNELS", "true", "not with SFT_COMPILE=true: compiled with Liger's kernels, "
+                             "training's loss was NaN from the third step on an H200 (docs/speed.md); set one of "
+                             "them to auto"))
     problems += _check_output_dir(s.output_dir)
     problems += service_problems(s)
     from .planner.rules import sequence_parallel_problems  # the rule's own: what a split row asks of the rest

@@ -273,7 +273,7 @@ def test_rows_split_over_the_gpus_asked():
     assert d.reasons["sequence_parallel"] == ("2 (SFT_SEQUENCE_PARALLEL): each GPU holds 1/2 of each row, "
                                               "4 data-parallel group(s)")
     assert d.reasons["attention"].startswith("sdpa, auto with rows split over GPUs")
-    assert d.reasons["compile"].startswith("off, auto: compiled training")
+    assert d.reasons["compile"].startswith("off, auto: compiled, training was slower")
     assert "262,144 tokens per group of 2 GPUs per step" in d.reasons["split"]
     assert d.plan.setup.row_tokens == 131072 and d.row == d.plan.row(d.stage.name)
     assert d.record().sequence_parallel == 2 and d.resolved()["sequence_parallel"] == 2
@@ -546,10 +546,13 @@ def test_a_split_checkpoint_on_another_number_of_gpus_is_converted_keeping_its_s
                 packing=False)
 
 
-def test_compiling_is_off_unless_asked():
-    """Compiled, the defaults' loss was NaN from step 3 on an H200 (2026-12-01): auto does not compile."""
+def test_compiling_is_off_unless_asked_and_then_without_liger():
+    """On an H200 (2026-12-01): compiled with Liger's kernels the loss was NaN from step 3; compiled without
+    them, half the uncompiled defaults' speed. Auto does not compile; asked to, Liger's kernels stay off."""
     d = decided()
-    assert d.compile is False and d.reasons["compile"].startswith("off, auto: compiled training")
+    assert (d.compile, d.liger) == (False, True) and d.reasons["compile"].startswith("off, auto: compiled, training")
     assert "NaN" in d.reasons["compile"] and "SFT_COMPILE=true" in d.reasons["compile"]
     asked = decided(compile="true")
     assert asked.compile is True and asked.reasons["compile"] == "true (SFT_COMPILE)"
+    assert asked.liger is False and asked.reasons["liger"].startswith("off, auto: the model is compiled")
+    assert decided(compile="true", liger_kernels="false").liger is False

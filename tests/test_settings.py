@@ -136,6 +136,16 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
     assert message in problem
 
 
+def test_liger_kernels_are_refused_with_a_compiled_model(isolated_env):
+    """Compiled with Liger's kernels, the loss was NaN from the third step on an H200 (docs/speed.md)."""
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_LIGER_KERNELS": "true", "SFT_COMPILE": "true"})
+    assert any(p.startswith("SFT_LIGER_KERNELS='true': not with SFT_COMPILE=true: compiled with Liger's kernels")
+               for p in e.value.problems), e.value.problems
+    from_env({"SFT_LIGER_KERNELS": "false", "SFT_COMPILE": "true"})  # either alone is fine
+    from_env({"SFT_LIGER_KERNELS": "auto", "SFT_COMPILE": "true"})
+
+
 def test_a_split_row_asks_for_unpacked_rows_sdpa_and_a_length_it_divides(isolated_env):
     with pytest.raises(SettingsError) as e:
         from_env({"SFT_SEQUENCE_PARALLEL": "3", "SFT_ATTENTION": "flex_attention", "SFT_MAX_LENGTH": "1000"})

@@ -90,8 +90,8 @@ def decide(inputs: Inputs) -> Decision:
     ranks, why_ranks = rules.choose_ranks(s, inputs.machine)
     reasons = {"ranks": why_ranks}
     bf16, reasons["precision"] = rules.precision(s, ranks)
-    liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine)
     compiled, reasons["compile"] = rules.compile_model(s, ranks)
+    liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine, compiled)
     splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
     # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
     draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=liger, compile=compiled, stage=stages.get("1"),

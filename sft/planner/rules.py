@@ -93,10 +93,11 @@ def compile_model(s: Settings, ranks: Ranks) -> tuple[bool, str]:
         return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
     if not ranks.on_gpu:
         return False, "off, auto on CPU: compiling would take longer than a CPU run trains"
-    # Compiled, the defaults ran 36% faster on an H200, and their loss was NaN from the third step on
-    # (2026-12-01, docs/speed.md): off until a compiled run's losses are shown to follow the uncompiled ones.
-    return False, ("off, auto: compiled training (ZeRO-2, flex attention, Liger's kernels) turned the loss to NaN "
-                   "after 2 steps on an H200; SFT_COMPILE=true compiles anyway (the ranks stop at a NaN loss)")
+    # On an H200 (2026-12-01, docs/speed.md), compiled with Liger's kernels the loss was NaN from the third
+    # step; compiled without them it followed the uncompiled loss, at half the uncompiled defaults' speed.
+    return False, ("off, auto: compiled, training was slower on an H200 (without Liger's kernels: 6,647 against "
+                   "13,600 tokens/s uncompiled) or diverged (with them: NaN loss from step 3); SFT_COMPILE=true "
+                   "compiles anyway, without Liger")
 
 
 def sequence_parallel(s: Settings, ranks: Ranks, shape: ModelShape,
@@ -178,9 +179,11 @@ def sequence_parallel_problems(s: Settings) -> list[str]:
     return [f"SFT_SEQUENCE_PARALLEL='{n}': needs {need}" for need in needs if need]
 
 
-def liger(s: Settings, ranks: Ranks, machine: Machine) -> tuple[bool, str]:
-    if s.liger_kernels != "auto":
+def liger(s: Settings, ranks: Ranks, machine: Machine, compiled: bool) -> tuple[bool, str]:
+    if s.liger_kernels != "auto":  # true with SFT_COMPILE=true is refused (settings_checks.py)
         return s.liger_kernels == "true", f"{s.liger_kernels} (SFT_LIGER_KERNELS)"
+    if compiled:
+        return False, "off, auto: the model is compiled, and compiled with Liger's kernels the loss turned NaN"
     if not ranks.on_gpu:
         return False, "off, auto on CPU: Liger's kernels are Triton, GPU only"
     if not machine.liger_installed:
