@@ -57,6 +57,7 @@ CONFIGS = {
     "compile": dict(compile="true"),
     "compile-noliger": dict(compile="true", liger_kernels="false"),
     "compile-sdpa": dict(compile="true", attention="sdpa"),
+    "noliger": dict(liger_kernels="false"),
     # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
     "default-nocompile": dict(compile="false"),
     # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
