@@ -104,9 +104,9 @@ class Settings(TrainedOn):
                             "On an H200, compiled with Liger's kernels the loss was NaN from the third step, and "
                             "compiled without them the defaults ran at half the uncompiled speed (docs/speed.md), "
                             "so auto does not compile; true compiles, with Liger's kernels off. Its first steps "
-                            "compile (the probe "
-                            "counts them); the compiled kernels are cached under SFT_OUTPUT_DIR/run/compile-cache, "
-                            "so a resumed job does not compile again.", choices=SWITCH)
+                            "compile (the probe counts them); the compiled kernels are cached under "
+                            "SFT_OUTPUT_DIR/run/compile-cache, so a resumed job does not compile again.",
+                            choices=SWITCH)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
                                            "offload (checkpoints kept in host memory: long rows), or auto: off "
                                            "where the planner predicts the stage fits without it, offload where "
