@@ -23,7 +23,7 @@ TINY = ModelShape("tiny", 120_000, 32_000, 64, 128, 2, 4, 2, 16, 500)
 H200 = GPU("NVIDIA H200", int(140.4 * GIB))
 ONE_H200 = Machine(gpus=(H200,), host_memory_bytes=120 * GIB, memlock_bytes=None, liger_installed=True)
 CPU_HOST = Machine(gpus=(), host_memory_bytes=20 * GIB, memlock_bytes=8 * 2**20, liger_installed=False)
-SEED_OFFLOAD = stages.shipped_config("3-offload")  # the seed guide's ds_zero3_offload.json, verbatim
+SEED_OFFLOAD = stages.shipped_config("3-offload")  # the seed guide's ds_zero3_offload.json, as the job ships it
 
 
 def decided(shape=Q4, machine=ONE_H200, record=None, user_config=None, **settings):

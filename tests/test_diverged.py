@@ -73,3 +73,42 @@ def test_a_save_at_a_step_not_logged_is_refused_once_the_running_loss_is_nan():
     check(12.5)
     with pytest.raises(LossNotFinite, match="loss nan at step 5: training diverged"):
         check(float("nan"))
+
+
+def test_a_negative_gradient_norm_is_deepspeeds_mark_of_a_nan_one():
+    """DeepSpeed reports a NaN or infinite norm as -1; with bf16's overflow check off (sft/stages.py) that step
+    was applied, so it stops training like a NaN, logged or at a save."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sft.ranks.progress import LossNotFinite, ProgressCallback, not_finite
+
+    assert "grad_norm -1.0 at step 4" in str(not_finite({"loss": 2.0, "grad_norm": -1.0}, 4))
+    engine = SimpleNamespace(get_global_grad_norm=lambda: torch.tensor(-1.0))
+    trainer = SimpleNamespace(_tr_loss=torch.tensor(3.0), model_wrapped=engine)
+    with pytest.raises(LossNotFinite, match="grad_norm -1.0 at step 5: training diverged"):
+        ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
+    engine.get_global_grad_norm = lambda: 0.7
+    ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
+
+
+def test_the_check_runs_before_every_save():
+    """The Trainer decides a save in on_step_end (its flow callback runs first); the job's callback then refuses
+    it when the running loss holds a NaN, before the Trainer writes anything."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import TrainerControl
+
+    from sft.ranks.progress import LossNotFinite, ProgressCallback
+
+    callback = ProgressCallback.__new__(ProgressCallback)
+    callback.trainer = SimpleNamespace(_tr_loss=torch.tensor(float("nan")), _total_train_tokens=0)
+    callback.report = SimpleNamespace(steps=[], first_step_wall=None, eval_seconds=0.0)
+    callback.stop = SimpleNamespace(agreed=lambda: False)
+    callback._write_progress = lambda *a, **k: None  # the progress file: not what is tested here
+    state = SimpleNamespace(global_step=5, is_world_process_zero=False)
+    callback.on_step_end(SimpleNamespace(save_strategy="steps"), state, TrainerControl())  # no save: no check
+    with pytest.raises(LossNotFinite, match="loss nan at step 5"):
+        callback.on_step_end(SimpleNamespace(save_strategy="steps"), state, TrainerControl(should_save=True))

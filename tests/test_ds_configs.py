@@ -41,8 +41,21 @@ def _seed(stage: str) -> dict:
 
 @pytest.mark.parametrize("stage", stages.NAMES)
 def test_shipped_config_is_the_seeds(stage):
-    assert stages.shipped_config(stage) == _seed(stage)
+    """The seed's, plus the job's one change: bf16's overflow check off (the file on disk is the seed's)."""
+    expected = _seed(stage)
+    assert json.loads((stages.CONFIG_DIR / stages.get(stage).config_file).read_text()) == expected
+    expected = copy.deepcopy(expected)
+    expected["bf16"]["check_grad_overflow"] = False
+    assert stages.shipped_config(stage) == expected
     assert stages.of_config(stages.shipped_config(stage)) == stages.get(stage)
+
+
+@pytest.mark.parametrize("stage", stages.NAMES)
+def test_deepspeed_reads_the_overflow_check_as_off(stage):
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+
+    assert get_bfloat16_config({"bf16": {**stages.shipped_config(stage)["bf16"], "enabled": True}}
+                               ).check_grad_overflow is False
 
 
 @pytest.mark.parametrize("stage", stages.NAMES)

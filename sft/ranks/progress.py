@@ -55,8 +55,10 @@ class LossNotFinite(RuntimeError):
 def not_finite(logs: dict, step: int) -> LossNotFinite | None:
     """The error for a logged loss or gradient norm that is NaN or infinite, else None."""
     # An infinite gradient norm alone is not listed: the step is clipped or skipped and the loss can stay sound.
+    # A negative one is DeepSpeed's mark of a NaN or infinite norm (mask_nan_or_inf_with_val_inplace); without
+    # bf16's overflow check (sft/stages.py) that step was applied, so the weights are no longer usable.
     bad = {k: v for k, v in logs.items() if isinstance(v, float) and (
-        (k == "loss" and not math.isfinite(v)) or (k == "grad_norm" and math.isnan(v)))}
+        (k == "loss" and not math.isfinite(v)) or (k == "grad_norm" and (math.isnan(v) or v < 0)))}
     if not bad:
         return None
     shown = ", ".join(f"{k} {v}" for k, v in bad.items())
@@ -92,6 +94,7 @@ class ProgressCallback(TrainerCallback):
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
         if control.should_save:
+            self._refuse_to_save_diverged(state)
             self._save_began = time.monotonic()
         if control.should_save and state.is_world_process_zero:
             faults.fill_disk(state.global_step)
@@ -110,15 +113,20 @@ class ProgressCallback(TrainerCallback):
 
     def _refuse_to_save_diverged(self, state) -> None:
         """Before a checkpoint: the loss summed since the last log (the Trainer's own running sum, which holds
-        a NaN once one step had it) must be finite, so a diverged model never replaces a good checkpoint."""
+        a NaN once one step had it) must be finite, and the last step's gradient norm (DeepSpeed's) not NaN or
+        negative, so a diverged model never replaces a good checkpoint at a step that was not logged."""
         running = getattr(self.trainer, "_tr_loss", None)
-        if not isinstance(running, torch.Tensor):
-            return
-        bad = (~torch.isfinite(running.detach())).any().float().reshape(1)
+        norm = getattr(getattr(self.trainer, "model_wrapped", None), "get_global_grad_norm", lambda: None)()
+        norm = float(norm) if norm is not None else 0.0
+        loss_bad = isinstance(running, torch.Tensor) and not bool(torch.isfinite(running.detach()).all())
+        bad = torch.tensor([float(loss_bad), float(math.isnan(norm) or norm < 0)])
         if dist.is_initialized():  # one rank's NaN stops them all here, before the save's collectives
+            bad = bad.to("cuda" if torch.cuda.is_available() else "cpu")
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if bad.item():
+        if bad[0].item():
             raise not_finite({"loss": float("nan")}, state.global_step)
+        if bad[1].item():
+            raise not_finite({"grad_norm": norm if norm < 0 or math.isnan(norm) else float("nan")}, state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         """After each checkpoint: its save time and event (rank 0 of a training run); and when the disk cannot
