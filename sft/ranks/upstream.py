@@ -1,12 +1,15 @@
-"""Fixes for bugs of the libraries the ranks run, each until its library fixes it (say when to remove it).
+"""Fixes for bugs and costs of the libraries the ranks run, each until its library fixes it (say when to
+remove it).
 
 Written here, not worked around in the planner, because each keeps a combination the planner needs: the
-alternative is to refuse it.
+alternative is to refuse it, or to wait minutes for it.
 """
 
 from __future__ import annotations
 
 import functools
+
+import torch
 
 
 def fused_head_with_offloaded_checkpoints() -> None:
@@ -37,3 +40,60 @@ def fused_head_with_offloaded_checkpoints() -> None:
     # trl.trainer.utils calls it by its global name, and trl.kernels.chunked_logprob imports it from there
     # at each backward, so replacing the module's attribute reaches both.
     utils.maybe_gather_lm_head_ctx = gather_zero3_parameters_only
+
+
+# Elements of the boolean mask evaluated at once (64 MB, a few times that in temporaries): a band of query
+# rows at a time, so a row of 131,072 tokens never holds its whole 131,072^2 mask (17 GB) beside the
+# training's own peak. Bands of 2^24 to 2^28 elements took the same time on CPU (2.7 s at 16,384 tokens).
+MASK_ELEMENTS_AT_ONCE = 1 << 26
+
+
+def block_mask_by_rows(mask_mod, batch: int, heads: int, q_length: int, kv_length: int, device,
+                       elements: int = MASK_ELEMENTS_AT_ONCE):
+    """The BlockMask `create_block_mask(mask_mod, ..., _compile=False)` makes, built from the mask evaluated a
+    band of query rows at a time instead of whole (torch's own pieces: create_mask, then its block reduction)."""
+    from torch.nn.attention import flex_attention as fa
+
+    block = fa._DEFAULT_SPARSE_BLOCK_SIZE
+    band = max(block, elements // max(1, batch * heads * kv_length) // block * block)
+    partial, full = [], []
+    for start in range(0, q_length, band):
+        dense = fa.create_mask(_rows_from(mask_mod, start), batch, heads, min(band, q_length - start), kv_length,
+                               device)
+        p, f = fa._convert_mask_to_block_mask(dense, Q_BLOCK_SIZE=block, KV_BLOCK_SIZE=block,
+                                              separate_full_blocks=True)
+        partial.append(p)
+        full.append(f)
+        del dense
+    return fa._create_sparse_block_from_block_mask((torch.cat(partial, 2), torch.cat(full, 2)), mask_mod,
+                                                   (q_length, kv_length), block, block)
+
+
+def _rows_from(mask_mod, start: int):
+    """mask_mod over query rows start, start + 1, ... (torch tells a mask_mod by its four arguments)."""
+    def shifted(b, h, q_idx, kv_idx):
+        return mask_mod(b, h, q_idx + start, kv_idx)
+    return shifted
+
+
+def flex_block_mask_uncompiled() -> None:
+    """Transformers 5.24 builds flex attention's block mask with `create_block_mask(..., _compile=True)`: a
+    new row length compiles a Triton kernel whose build grows with the length. On an H200 (2026-12-01) the
+    first step at 16,384 tokens a row spent four minutes there with the GPU idle (py-spy: ptxas, called from
+    create_block_mask), and the job took 279.9 s from its start to its first step; with the mask built here,
+    58.6 s (another H200; docs/long-rows.md). The mask is evaluated directly instead, a band of query rows
+    at a time, with nothing to compile; it costs O(length^2) element operations a step, on the GPU. The
+    preparation around it (padding, offsets) is Transformers' own helpers', as in its `flex_attention_mask`.
+    Registered for "flex_attention" through Transformers' AttentionMaskInterface; remove when Transformers
+    stops compiling the mask or its compile no longer grows with the row."""
+    from transformers import masking_utils as mu
+
+    def flex_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                            mask_function=mu.causal_mask_function, attention_mask=None, device="cpu", **kwargs):
+        if attention_mask is not None and not mu.fast_all(attention_mask):
+            padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+            mask_function = mu.and_masks(mask_function, mu.padding_mask_function(padding))
+        mask_function = mu.add_offsets_to_mask_function(mask_function, q_offset, kv_offset)
+        return block_mask_by_rows(mask_function, batch_size, 1, q_length, kv_length, device)
+
+    mu.AttentionMaskInterface.register("flex_attention", flex_attention_mask)
