@@ -84,10 +84,11 @@ def test_a_negative_gradient_norm_is_deepspeeds_mark_of_a_nan_one():
 
     from sft.ranks.progress import LossNotFinite, ProgressCallback, not_finite
 
-    assert "grad_norm -1.0 at step 4" in str(not_finite({"loss": 2.0, "grad_norm": -1.0}, 4))
+    assert "grad_norm -1.0 (DeepSpeed's mark of a NaN or infinite norm) at step 4: training diverged" in str(
+        not_finite({"loss": 2.0, "grad_norm": -1.0}, 4))
     engine = SimpleNamespace(get_global_grad_norm=lambda: torch.tensor(-1.0))
     trainer = SimpleNamespace(_tr_loss=torch.tensor(3.0), model_wrapped=engine)
-    with pytest.raises(LossNotFinite, match="grad_norm -1.0 at step 5: training diverged"):
+    with pytest.raises(LossNotFinite, match=r"grad_norm -1.0 \(DeepSpeed's mark of a NaN or infinite norm\) at step 5"):
         ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
     engine.get_global_grad_norm = lambda: 0.7
     ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))

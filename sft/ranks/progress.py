@@ -61,7 +61,8 @@ def not_finite(logs: dict, step: int) -> LossNotFinite | None:
         (k == "loss" and not math.isfinite(v)) or (k == "grad_norm" and (math.isnan(v) or v < 0)))}
     if not bad:
         return None
-    shown = ", ".join(f"{k} {v}" for k, v in bad.items())
+    shown = ", ".join(f"{k} {v}" + (" (DeepSpeed's mark of a NaN or infinite norm)" if v < 0 else "")
+                      for k, v in bad.items())
     return LossNotFinite(
         f"{shown} at step {step}: training diverged and the weights are no longer usable, so the ranks stopped "
         "without saving them (the checkpoints before stay). Try SFT_COMPILE=false if the model was compiled, "
