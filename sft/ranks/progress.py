@@ -118,16 +118,16 @@ class ProgressCallback(TrainerCallback):
         negative, so a diverged model never replaces a good checkpoint at a step that was not logged."""
         running = getattr(self.trainer, "_tr_loss", None)
         norm = getattr(getattr(self.trainer, "model_wrapped", None), "get_global_grad_norm", lambda: None)()
-        norm = float(norm) if norm is not None else 0.0
+        norm_error = not_finite({"grad_norm": float(norm)}, state.global_step) if norm is not None else None
         loss_bad = isinstance(running, torch.Tensor) and not bool(torch.isfinite(running.detach()).all())
-        bad = torch.tensor([float(loss_bad), float(math.isnan(norm) or norm < 0)])
+        bad = torch.tensor([float(loss_bad), float(norm_error is not None)])
         if dist.is_initialized():  # one rank's NaN stops them all here, before the save's collectives
             bad = bad.to("cuda" if torch.cuda.is_available() else "cpu")
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         if bad[0].item():
             raise not_finite({"loss": float("nan")}, state.global_step)
         if bad[1].item():
-            raise not_finite({"grad_norm": norm if norm < 0 or math.isnan(norm) else float("nan")}, state.global_step)
+            raise norm_error or not_finite({"grad_norm": float("nan")}, state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         """After each checkpoint: its save time and event (rank 0 of a training run); and when the disk cannot
