@@ -73,8 +73,9 @@ def shipped_config(name: str) -> dict[str, Any]:
     check off. DeepSpeed 0.19 checks every gradient for inf/NaN before a bf16 step, as for fp16, whose loss
     scaling needs it: four kernels and a host loop per parameter. Without it Qwen3-4B's defaults ran 7.6% and
     12.6% faster on an H200 (13,359 against 12,416 and 11,868 tokens/s, the same losses; docs/speed.md).
-    bf16 has fp32's range and no loss scale; a NaN still shows in the gradient norm DeepSpeed computes anyway
-    (-1, its mark), which stops the ranks before the step is saved (ranks/progress.py)."""
+    bf16 has fp32's range and no loss scale. Without the check DeepSpeed applies a step whose gradient holds a
+    NaN (its norm, computed anyway, reads inf): the ranks stop at that norm, before the step is saved
+    (ranks/progress.py)."""
     config = json.loads(_read_shipped(name))
     config.setdefault("bf16", {})["check_grad_overflow"] = False
     return config

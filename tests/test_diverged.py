@@ -51,9 +51,18 @@ def test_training_that_diverges_saves_no_checkpoint_of_it(tmp_path, broken_model
 def test_the_finite_case_is_not_flagged():
     from sft.ranks.progress import not_finite
 
-    assert not_finite({"loss": 2.5, "grad_norm": float("inf")}, 3) is None  # clipped or skipped: not diverged
+    assert not_finite({"loss": 2.5, "grad_norm": 0.8}, 3) is None
+    assert not_finite({"loss": 2.5, "grad_norm": float("inf")}, 3, step_applied=False) is None  # skipped
     assert "loss inf at step 3" in str(not_finite({"loss": float("inf")}, 3))
     assert "grad_norm nan at step 7" in str(not_finite({"loss": 1.0, "grad_norm": float("nan")}, 7))
+
+
+def _callback(trainer):
+    from sft.ranks.progress import ProgressCallback
+
+    callback = ProgressCallback.__new__(ProgressCallback)
+    callback.trainer = trainer
+    return callback
 
 
 def test_a_save_at_a_step_not_logged_is_refused_once_the_running_loss_is_nan():
@@ -64,34 +73,67 @@ def test_a_save_at_a_step_not_logged_is_refused_once_the_running_loss_is_nan():
 
     import torch
 
-    from sft.ranks.progress import LossNotFinite, ProgressCallback
+    from sft.ranks.progress import LossNotFinite
 
     def check(running: float) -> None:
-        trainer = SimpleNamespace(_tr_loss=torch.tensor(running))
-        ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
+        _callback(SimpleNamespace(_tr_loss=torch.tensor(running)))._refuse_to_save_diverged(
+            SimpleNamespace(global_step=5))
 
     check(12.5)
     with pytest.raises(LossNotFinite, match="loss nan at step 5: training diverged"):
         check(float("nan"))
 
 
-def test_a_negative_gradient_norm_is_deepspeeds_mark_of_a_nan_one():
-    """DeepSpeed reports a NaN or infinite norm as -1; with bf16's overflow check off (sft/stages.py) that step
-    was applied, so it stops training like a NaN, logged or at a save."""
+def test_an_infinite_gradient_norm_of_an_applied_step_stops_and_of_a_skipped_one_does_not():
+    """DeepSpeed reports a NaN or infinite gradient as an infinite norm (older helpers: -1). A step its overflow
+    check skipped left the weights as they were; one it applied (bf16's check off, sft/stages.py) did not."""
     from types import SimpleNamespace
 
     import torch
 
-    from sft.ranks.progress import LossNotFinite, ProgressCallback, not_finite
+    from sft.ranks.progress import LossNotFinite, not_finite
 
-    assert "grad_norm -1.0 (DeepSpeed's mark of a NaN or infinite norm) at step 4: training diverged" in str(
-        not_finite({"loss": 2.0, "grad_norm": -1.0}, 4))
-    engine = SimpleNamespace(get_global_grad_norm=lambda: torch.tensor(-1.0))
-    trainer = SimpleNamespace(_tr_loss=torch.tensor(3.0), model_wrapped=engine)
-    with pytest.raises(LossNotFinite, match=r"grad_norm -1.0 \(DeepSpeed's mark of a NaN or infinite norm\) at step 5"):
-        ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
-    engine.get_global_grad_norm = lambda: 0.7
-    ProgressCallback._refuse_to_save_diverged(SimpleNamespace(trainer=trainer), SimpleNamespace(global_step=5))
+    for norm in (float("inf"), -1.0):
+        assert f"grad_norm {norm} (a NaN or infinite gradient, applied to the weights) at step 4: training " \
+            "diverged" in str(not_finite({"loss": 2.0, "grad_norm": norm}, 4))
+        assert not_finite({"loss": 2.0, "grad_norm": norm}, 4, step_applied=False) is None
+    engine = SimpleNamespace(get_global_grad_norm=lambda: torch.tensor(float("inf")), was_step_applied=lambda: True)
+    callback = _callback(SimpleNamespace(_tr_loss=torch.tensor(3.0), model_wrapped=engine))
+    with pytest.raises(LossNotFinite, match=r"grad_norm inf \(a NaN or infinite gradient, applied to the weights\)"):
+        callback._refuse_to_save_diverged(SimpleNamespace(global_step=5))
+    engine.was_step_applied = lambda: False
+    callback._refuse_to_save_diverged(SimpleNamespace(global_step=5))
+    engine.get_global_grad_norm, engine.was_step_applied = (lambda: 0.7), (lambda: True)
+    callback._refuse_to_save_diverged(SimpleNamespace(global_step=5))
+
+
+@pytest.mark.parametrize("config", ["shipped", "check"])
+def test_a_nan_gradient_through_real_deepspeed(config, tmp_path):
+    """Real DeepSpeed ZeRO-2 in bf16 on CPU, one step whose gradient holds a NaN while its loss is finite. With
+    the job's shipped config (overflow check off) DeepSpeed applies it, the weights hold NaN and its norm reads
+    inf: the ranks' checks stop there, at a log and before a save. With the check on the step is skipped, the
+    weights stay finite, and nothing stops."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("nan_gradient_step.py")), config, str(port)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["grad_norm"] == float("inf") and result["loss"] < 10
+    if config == "shipped":
+        assert result["applied"] and result["weights_nan"]
+        assert result["at_save"].startswith("LossNotFinite: grad_norm inf (a NaN or infinite gradient, applied to "
+                                            "the weights) at step 2: training diverged")
+        assert "grad_norm inf (a NaN or infinite gradient, applied" in result["at_log"]
+    else:
+        assert not result["applied"] and not result["weights_nan"]
+        assert result["at_save"] is None and result["at_log"] is None
 
 
 def test_the_check_runs_before_every_save():

@@ -52,17 +52,24 @@ class LossNotFinite(RuntimeError):
     """The loss or the gradient norm is NaN or infinite: the weights are no longer usable."""
 
 
-def not_finite(logs: dict, step: int) -> LossNotFinite | None:
-    """The error for a logged loss or gradient norm that is NaN or infinite, else None."""
-    # An infinite gradient norm alone is not listed: the step is clipped or skipped and the loss can stay sound.
-    # A negative one is DeepSpeed's mark of a NaN or infinite norm (mask_nan_or_inf_with_val_inplace); without
-    # bf16's overflow check (sft/stages.py) that step was applied, so the weights are no longer usable.
-    bad = {k: v for k, v in logs.items() if isinstance(v, float) and (
-        (k == "loss" and not math.isfinite(v)) or (k == "grad_norm" and (math.isnan(v) or v < 0)))}
-    if not bad:
+def not_finite(logs: dict, step: int, step_applied: bool = True) -> LossNotFinite | None:
+    """The error for a logged loss that is NaN or infinite, or a gradient norm that says a NaN or infinite
+    gradient reached the weights, else None. `step_applied`: DeepSpeed's `was_step_applied()` for that step."""
+    # DeepSpeed 0.19 reports a NaN or infinite gradient as an infinite norm (combine_grad_norm_groups turns its
+    # helpers' -1 mark into +inf; -1 itself is read the same). Where its overflow check skips that step (fp32,
+    # fp16, ZeRO-3, a user's bf16 config that keeps the check) the weights are as before and training goes on.
+    # bf16 at ZeRO-1/2 in the shipped configs has the check off (sft/stages.py): the step is applied, its
+    # gradients clipped by an infinite norm (NaN x 0 is NaN), and the weights hold NaN from then on.
+    def bad(key: str, value: float) -> bool:
+        if key == "loss":
+            return not math.isfinite(value)
+        return key == "grad_norm" and (math.isnan(value) or (step_applied and (math.isinf(value) or value < 0)))
+
+    shown = ", ".join(f"{k} {v}" + (" (a NaN or infinite gradient, applied to the weights)" if k == "grad_norm"
+                                    and not math.isnan(v) else "")
+                      for k, v in logs.items() if isinstance(v, float) and bad(k, v))
+    if not shown:
         return None
-    shown = ", ".join(f"{k} {v}" + (" (DeepSpeed's mark of a NaN or infinite norm)" if v < 0 else "")
-                      for k, v in bad.items())
     return LossNotFinite(
         f"{shown} at step {step}: training diverged and the weights are no longer usable, so the ranks stopped "
         "without saving them (the checkpoints before stay). Try SFT_COMPILE=false if the model was compiled, "
@@ -108,17 +115,23 @@ class ProgressCallback(TrainerCallback):
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        error = not_finite(logs or {}, state.global_step)
+        error = not_finite(logs or {}, state.global_step, self._last_step()[1])
         if error:
             raise error
 
+    def _last_step(self) -> tuple[float | None, bool]:
+        """DeepSpeed's gradient norm of the last optimizer step, and whether that step changed the weights."""
+        engine = getattr(self.trainer, "model_wrapped", None)
+        norm = getattr(engine, "get_global_grad_norm", lambda: None)()
+        return (None if norm is None else float(norm)), bool(getattr(engine, "was_step_applied", lambda: True)())
+
     def _refuse_to_save_diverged(self, state) -> None:
         """Before a checkpoint: the loss summed since the last log (the Trainer's own running sum, which holds
-        a NaN once one step had it) must be finite, and the last step's gradient norm (DeepSpeed's) not NaN or
-        negative, so a diverged model never replaces a good checkpoint at a step that was not logged."""
+        a NaN once one step had it) must be finite, and the last step must not have applied a NaN or infinite
+        gradient (DeepSpeed's norm), so a diverged model never replaces a good checkpoint at a step not logged."""
         running = getattr(self.trainer, "_tr_loss", None)
-        norm = getattr(getattr(self.trainer, "model_wrapped", None), "get_global_grad_norm", lambda: None)()
-        norm_error = not_finite({"grad_norm": float(norm)}, state.global_step) if norm is not None else None
+        norm, applied = self._last_step()
+        norm_error = not_finite({"grad_norm": norm}, state.global_step, applied) if norm is not None else None
         loss_bad = isinstance(running, torch.Tensor) and not bool(torch.isfinite(running.detach()).all())
         bad = torch.tensor([float(loss_bad), float(norm_error is not None)])
         if dist.is_initialized():  # one rank's NaN stops them all here, before the save's collectives
