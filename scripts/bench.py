@@ -92,8 +92,7 @@ def attention_flops_per_token(model: str, data: str, max_length: int, sample: in
     lengths = []
     with open(data) as f:
         for line, _ in zip(f, range(sample)):
-            ids = tok.apply_chat_template(json.loads(line)["messages"], tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            ids = tok.apply_chat_template(json.loads(line)["messages"], tokenize=True, return_dict=False)
             lengths.append(min(len(ids), max_length))
     context = sum(n * n for n in lengths) / (2 * sum(lengths))
     q_dim = cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
