@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""The kernels of DeepSpeed's ZeRO-2 bf16 optimizer step on one GPU, timed alone on gradients of a model's
+shape, beside the cheaper ways of doing the same work: how much of a step the optimizer could still give back.
+
+DeepSpeed 0.19.8's step, one rank, bf16, clipping on (deepspeed/runtime/zero/stage_1_and_2.py): the gradient
+norm one parameter at a time in fp64 (a copy, then a norm, 398 times for Qwen3-4B), a cat of the bf16
+gradients and a cast to fp32, the clipping's multiply, torch's fused AdamW, the copy of the fp32 weights back
+to bf16. Each is timed as the mean of 3 runs after one warm-up, between CUDA events.
+
+    python scripts/bench_optimizer_kernels.py [--shape qwen3-4b]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_synthetic import SHAPES  # noqa: E402
+
+
+def shapes_of(shape: str, vocab: int = 151936, head_dim: int = 128) -> list[tuple[int, ...]]:
+    """The parameters of a Qwen3-shaped decoder, in order (q, k, v, o, gate, up, down, two norms, q/k norms)."""
+    c = SHAPES[shape]
+    h, ff, heads, kv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    layer = [(heads * head_dim, h), (kv * head_dim, h), (kv * head_dim, h), (h, heads * head_dim), (ff, h), (ff, h),
+             (h, ff), (h,), (h,), (head_dim,), (head_dim,)]
+    return layer * c["num_hidden_layers"] + [(vocab, h), (h,)] + ([] if c["tie_word_embeddings"] else [(vocab, h)])
+
+
+def timed(fn, runs: int = 3) -> float:
+    """Milliseconds per run of fn, after one warm-up."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(runs):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / runs
+
+
+@click.command()
+@click.option("--shape", type=click.Choice(sorted(SHAPES)), default="qwen3-4b", help="Model shape.")
+def main(shape: str) -> None:
+    if not torch.cuda.is_available():
+        raise click.ClickException("needs a CUDA GPU: these are the GPU kernels of an optimizer step")
+    sizes = shapes_of(shape)
+    counts = [int(torch.tensor(s).prod()) for s in sizes]
+    total = sum(counts)
+    flat_bf16 = torch.randn(total, device="cuda", dtype=torch.bfloat16).mul_(1e-3)
+    grads = [t.view(s) for t, s in zip(flat_bf16.split(counts), sizes)]
+    flat = [g.reshape(-1) for g in grads]
+    click.echo(f"{shape}: {len(sizes)} parameters, {total:,} elements")
+
+    def fp64_each():  # DeepSpeed's get_grad_norm_direct
+        return torch.stack([torch.linalg.vector_norm(g.double()) for g in grads]).pow(2).sum().sqrt()
+
+    def foreach_fp32():
+        return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).double().pow(2).sum().sqrt()
+
+    fp32 = torch.cat(flat).float()
+    rows = [("gradient norm, fp64 one parameter at a time (DeepSpeed)", fp64_each),
+            ("gradient norm, torch._foreach_norm in fp32", foreach_fp32),
+            ("gradient norm, one fp32 norm of the flat fp32 gradients", lambda: torch.linalg.vector_norm(fp32)),
+            ("cat of the bf16 gradients and cast to fp32 (DeepSpeed)", lambda: torch.cat(flat).float()),
+            ("copy of the bf16 gradients into a kept fp32 buffer", lambda: torch._foreach_copy_(
+                list(fp32.split(counts)), flat))]
+    norms = {}
+    for name, fn in rows:
+        ms = timed(fn)
+        value = fn()
+        norms[name] = float(value) if isinstance(value, torch.Tensor) and value.dim() == 0 else None
+        click.echo(f"{ms:8.2f} ms  {name}" + (f" (norm {norms[name]:.6f})" if norms[name] is not None else ""))
+    scale = torch.tensor(1.7, device="cuda")
+    weights, exp_avg, exp_avg_sq = fp32.clone(), torch.zeros_like(fp32), torch.zeros_like(fp32)
+    step = torch.zeros((), device="cuda")
+    bf16_weights = torch.empty_like(flat_bf16)
+
+    def adam(grad_scale=None):
+        torch._fused_adamw_([weights], [fp32], [exp_avg], [exp_avg_sq], [], [step], amsgrad=False, lr=1e-5,
+                            beta1=0.9, beta2=0.95, weight_decay=0.0, eps=1e-8, maximize=False,
+                            grad_scale=grad_scale, found_inf=None)
+
+    for name, fn in [("clipping's multiply of the fp32 gradients (DeepSpeed)", lambda: fp32.mul_(1.0 / scale)),
+                     ("torch's fused AdamW (DeepSpeed calls it)", adam),
+                     ("torch's fused AdamW with the clipping as its grad_scale", lambda: adam(scale)),
+                     ("copy of the fp32 weights to bf16 (DeepSpeed)", lambda: bf16_weights.copy_(weights))]:
+        click.echo(f"{timed(fn):8.2f} ms  {name}")
+
+
+if __name__ == "__main__":
+    main()
