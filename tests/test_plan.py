@@ -205,7 +205,12 @@ MEASURED = [
 # The same machine and day, with Liger's kernels (SFT_LIGER_KERNELS=true): the lever runs of docs/speed.md
 MEASURED_LIGER = [(Q4, 1, "2", 2, 2, 2048, False, 100.18), (Q4, 1, "2", 4, 1, 2048, True, 89.9),
                   # 2026-12-01, the compiled defaults with one 131,072-token row (docs/long-rows.md)
-                  (Q4, 1, "2", 1, 1, 131072, True, 120.8)]
+                  (Q4, 1, "2", 1, 1, 131072, True, 120.8),
+                  # 2026-12-02, the uncompiled defaults, one row of L (docs/long-rows.md; 2,048: 4 rows), packed
+                  # conversations, then one long document a row at 32,768 and 65,536
+                  (Q4, 1, "2", 4, 1, 2048, False, 107.94), (Q4, 1, "2", 1, 1, 16384, True, 89.91),
+                  (Q4, 1, "2", 1, 1, 32768, True, 89.92), (Q4, 1, "2", 1, 1, 65536, True, 92.84),
+                  (Q4, 1, "2", 1, 1, 131072, True, 120.8), (Q4, 1, "2", 1, 1, 65536, True, 93.88)]
 
 
 @pytest.mark.parametrize("shape,gpus,option,mb,accum,length,ckpt,measured,liger",
