@@ -114,6 +114,7 @@ def test_a_nan_gradient_through_real_deepspeed(config, tmp_path):
     inf: the ranks' checks stop there, at a log and before a save. With the check on the step is skipped, the
     weights stay finite, and nothing stops."""
     import json
+    import os
     import socket
     import subprocess
     import sys
@@ -121,8 +122,11 @@ def test_a_nan_gradient_through_real_deepspeed(config, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]  # the script imports sft: pytest's pythonpath is not a child's
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("nan_gradient_step.py")), config, str(port)],
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+                          capture_output=True, text=True, timeout=600, cwd=repo,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["grad_norm"] == float("inf") and result["loss"] < 10
