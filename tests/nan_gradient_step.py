@@ -1,7 +1,8 @@
 """One DeepSpeed ZeRO-2 step whose gradient holds a NaN while its loss is finite, with the job's shipped config
 (bf16, DeepSpeed's overflow check off) or with the check on; then the ranks' own checks on it, as at a log and
 before a save. Real DeepSpeed on CPU (gloo, one process). Prints one JSON line.
-Usage: nan_gradient_step.py {shipped|check} PORT (run by tests/test_diverged.py)."""
+Usage: python -m tests.nan_gradient_step {shipped|check} PORT, from the repository root (run by
+tests/test_diverged.py)."""
 
 import json
 import os

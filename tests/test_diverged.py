@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conftest import DEMO_MODEL, demo_env, read_summary, run_entrypoint
+from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary, run_entrypoint
 
 
 @pytest.fixture
@@ -114,7 +114,6 @@ def test_a_nan_gradient_through_real_deepspeed(config, tmp_path):
     inf: the ranks' checks stop there, at a log and before a save. With the check on the step is skipped, the
     weights stay finite, and nothing stops."""
     import json
-    import os
     import socket
     import subprocess
     import sys
@@ -122,11 +121,9 @@ def test_a_nan_gradient_through_real_deepspeed(config, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    repo = Path(__file__).resolve().parents[1]  # the script imports sft: pytest's pythonpath is not a child's
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("nan_gradient_step.py")), config, str(port)],
-                          capture_output=True, text=True, timeout=600, cwd=repo,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    # as a module from the repository root, so the script imports sft (pytest's pythonpath is not a child's)
+    done = subprocess.run([sys.executable, "-m", "tests.nan_gradient_step", config, str(port)],
+                          env=clean_environ(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["grad_norm"] == float("inf") and result["loss"] < 10
