@@ -19,16 +19,16 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_synthetic import SHAPES  # noqa: E402
+from make_synthetic import SHAPES, qwen3_config  # noqa: E402
 
 
-def shapes_of(shape: str, vocab: int = 151936, head_dim: int = 128) -> list[tuple[int, ...]]:
-    """The parameters of a Qwen3-shaped decoder, in order (q, k, v, o, gate, up, down, two norms, q/k norms)."""
-    c = SHAPES[shape]
-    h, ff, heads, kv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    layer = [(heads * head_dim, h), (kv * head_dim, h), (kv * head_dim, h), (h, heads * head_dim), (ff, h), (ff, h),
-             (h, ff), (h,), (h,), (head_dim,), (head_dim,)]
-    return layer * c["num_hidden_layers"] + [(vocab, h), (h,)] + ([] if c["tie_word_embeddings"] else [(vocab, h)])
+def shapes_of(shape: str) -> list[torch.Size]:
+    """The parameters of the Qwen3 model of a shape, as Transformers builds it (on the meta device: no memory)."""
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(qwen3_config(shape))
+    return [p.shape for p in model.parameters()]  # tied weights once
 
 
 def timed(fn, runs: int = 3) -> float:

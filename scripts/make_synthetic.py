@@ -38,12 +38,19 @@ WORDS = ("purple Spain capital red Chile system Italy after Egypt Nairobi sun pl
          "orange apple green coal France Paris Madrid assistant white blue Kenya").split()
 
 
+def qwen3_config(shape: str, max_positions: int = 40960):
+    """The Qwen3Config of a shape: Qwen3's published numbers, bf16."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=max_positions, rope_theta=1000000,
+                       rms_norm_eps=1e-6, dtype="bfloat16", **SHAPES[shape])
+
+
 def build_model(shape: str, out: Path, max_positions: int = 40960) -> None:
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=max_positions, rope_theta=1000000,
-                      rms_norm_eps=1e-6, dtype="bfloat16", **SHAPES[shape])
+    cfg = qwen3_config(shape, max_positions)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     with torch.device(device):
