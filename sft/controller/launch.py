@@ -57,12 +57,21 @@ def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
     # The compiled kernels (inductor's graphs, Triton's binaries) in the output folder, which outlives the
     # container: a resumed or re-probed job loads them instead of compiling again.
     cache = s.output_path.absolute() / "run" / "compile-cache"
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):  # unless the user pointed it elsewhere
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
     if ranks.on_gpu and s.launcher == "torchrun":
         # torchrun numbers the visible GPUs from 0; the deepspeed launcher sets this itself from --include.
         env["CUDA_VISIBLE_DEVICES"] = _visible_devices(ranks.gpus)
     return env
+
+
+def _inductor_default() -> str:
+    """Inductor's own cache folder, which it writes into this process's environment the first time anything
+    asks for its cache (torch._inductor.runtime.cache_dir_utils.cache_dir): found there, it is not the user's."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return default_cache_dir()
 
 
 def _visible_devices(gpus: tuple[int, ...]) -> str:
