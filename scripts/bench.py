@@ -62,6 +62,13 @@ CONFIGS = {
     "default-nocompile": dict(compile="false"),
     # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
     "compile-layers": dict(compile="true", env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
+    # compiled without Liger's kernels (which turn the compiled loss NaN) and without checkpointing, at ZeRO-2
+    # (the planner predicts the uncompiled model's activations, which do not fit there without Liger)
+    "compile-noliger-nockpt": dict(compile="true", liger_kernels="false", zero_stage="2",
+                                   gradient_checkpointing="false"),
+    "compile-layers-noliger-nockpt": dict(compile="true", liger_kernels="false", zero_stage="2",
+                                          gradient_checkpointing="false",
+                                          env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
     # twice the tokens per optimizer step: the step's fixed cost spread over twice the work
     "default-ga2": dict(micro_batch=4, grad_accum=2, batch_search="false"),
     # the same through the setting a user would change (the batch search picks the split)

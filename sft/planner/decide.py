@@ -90,11 +90,10 @@ def decide(inputs: Inputs) -> Decision:
     ranks, why_ranks = rules.choose_ranks(s, inputs.machine)
     reasons = {"ranks": why_ranks}
     bf16, reasons["precision"] = rules.precision(s, ranks)
-    compiled, reasons["compile"] = rules.compile_model(s, ranks)
-    liger, reasons["liger"] = rules.liger(s, ranks, inputs.machine, compiled)
     splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
-    # a draft: _first_stage plans with its ranks, Liger and split; _with_stage fills the rest
-    draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=liger, compile=compiled, stage=stages.get("1"),
+    # a draft: _first_stage plans with its ranks and split, _at_stage compiles or not and Liger for each
+    # stage it tries; _with_stage fills the rest
+    draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=False, compile=False, stage=stages.get("1"),
                      ds_config={}, split=None, searched=False, search=(), pin_memory=True,  # type: ignore[arg-type]
                      launcher=s.launcher, plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _split_rows(inputs, draft, splits, why_split)
@@ -180,13 +179,21 @@ def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any],
     else:
         for name in stages.PREFERENCE:
             stage, config = stages.get(name), stages.shipped_config(name)
-            if (split := _fitting_level(inputs, _replace(d, stage=stage, ds_config=config))) is not None:
+            if (split := _fitting_level(inputs, _at_stage(inputs, d, stage, config))) is not None:
                 p = _plan(inputs, d, split)
                 return stage, config, f"auto: {stage.label}, the lowest option that {p.row(name).why}", split
         p = _plan(inputs, d, _levels(inputs, d)[-1])
         raise CannotRun(f"no ZeRO option fits this machine: {p.reason}", exitcodes.PREFLIGHT, p)
-    at = _replace(d, stage=stage, ds_config=config)
+    at = _at_stage(inputs, d, stage, config)
     return stage, config, why, _fitting_level(inputs, at) or _levels(inputs, d)[-1]
+
+
+def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any]) -> Decision:
+    """d at this stage, its layers compiled or not and Liger's kernels on or off for it (rules.compile_model)."""
+    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage, d.sequence_parallel)
+    liger, why_liger = rules.liger(inputs.settings, d.ranks, inputs.machine, compiled)
+    return _replace(d, stage=stage, ds_config=config, compile=compiled, liger=liger,
+                    reasons={**d.reasons, "compile": why_compile, "liger": why_liger})
 
 
 def _fitting_level(inputs: Inputs, d: Decision) -> Split | None:
@@ -207,8 +214,10 @@ def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
         gpu_gib = min(m.gpus[g].memory_bytes for g in d.ranks.gpus) / GIB
     else:  # CPU ranks share the host
         gpu_gib = (host_gib or CPU_RANK_MEMORY_GIB * d.ranks.count) / d.ranks.count
+    # A compiled layer kept the activations Liger's kernels keep (the same peak, measured: docs/speed.md)
     return Setup(d.ranks.count, gpu_gib, d.ranks.nodes, split.micro_batch, s.max_length,
-                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger, split.offload_activations,
+                 split.gradient_checkpointing, host_gib, split.grad_accum, d.liger or d.compile,
+                 split.offload_activations,
                  d.sequence_parallel)
 
 
@@ -223,7 +232,8 @@ def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
 def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
-    d = _replace(d, stage=stage, ds_config=config, reasons={**d.reasons, "stage": why})
+    d = _at_stage(inputs, d, stage, config)
+    d = _replace(d, reasons={**d.reasons, "stage": why})
     return _with_split(inputs, d, split or d.split)
 
 

@@ -34,7 +34,7 @@ class Setup:
     gradient_checkpointing: bool = True
     host_memory_gib: float | None = None  # per node; None: not checked
     grad_accum: int = 1
-    liger_kernels: bool = False
+    liger_kernels: bool = False  # or compiled layers: their activations measured the same (docs/speed.md)
     offload_activations: bool = False  # checkpoints in host memory (with gradient_checkpointing)
     sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
 
@@ -251,7 +251,7 @@ def format_table(p: Plan) -> str:
         (f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {s.gpu_memory_gib:g} GiB "
          f"({gib(s.gpu_budget):.2f} allowed), host RAM {host}; micro-batch {s.micro_batch} x "
          f"accumulation {s.grad_accum}, {s.max_length} tokens{split}, gradient checkpointing {ckpt}, "
-         f"Liger kernels {'on' if s.liger_kernels else 'off'}"),
+         f"Liger kernels or compiled layers {'on' if s.liger_kernels else 'off'}"),
         "",
         (f"{'GiB per GPU':<19}{'states':>8}{'activ':>8}{'logits':>8}{'buckets':>8}{'step':>7}{'accum':>7}"
          f"{'margin':>8}{'peak':>8}{'host':>9}  fits"),

@@ -85,7 +85,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     config = trainer_arguments(spec, on_gpu)
     if spec.stage.startswith("3"):
         upstream.fused_head_with_offloaded_checkpoints()  # a no-op for ZeRO-3's own parameters
-    if spec.attention == "flex_attention" and not spec.compile:  # a compiled model traces the mask with it
+    if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)
         upstream.flex_block_mask_uncompiled()
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
