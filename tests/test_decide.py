@@ -573,6 +573,10 @@ def test_auto_compiles_the_layers_on_gpus_with_zero_1_and_2_and_then_without_lig
     asked = decided(compile="true", zero_stage="3")
     assert asked.compile is True and asked.reasons["compile"] == "true (SFT_COMPILE)" and asked.liger is False
     assert decided(compile="false", liger_kernels="false").liger is False
+    liger = decided(liger_kernels="true")  # Liger's kernels asked for: auto does not compile them
+    assert (liger.compile, liger.liger) == (False, True)
+    assert liger.reasons["compile"] == ("off, auto: SFT_LIGER_KERNELS=true, and compiled with Liger's kernels "
+                                        "the loss was NaN")
 
 
 def test_auto_leaves_the_layers_uncompiled_where_memory_moves_it_to_zero_3():

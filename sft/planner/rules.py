@@ -96,6 +96,8 @@ def compile_model(s: Settings, ranks: Ranks, stage: Stage, sequence_parallel: in
         return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
     if not ranks.on_gpu:
         return False, "off, auto on CPU: compiling would take longer than a CPU run trains"
+    if s.liger_kernels == "true":
+        return False, "off, auto: SFT_LIGER_KERNELS=true, and compiled with Liger's kernels the loss was NaN"
     if stage.zero not in (1, 2) or stage.offload:
         return False, (f"off, auto with {stage.label}: measured compiled only with ZeRO-1 and 2 (parameters whole "
                        "on each GPU); SFT_COMPILE=true compiles anyway")
