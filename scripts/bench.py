@@ -60,10 +60,12 @@ CONFIGS = {
     "noliger": dict(liger_kernels="false"),
     # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
     "default-nocompile": dict(compile="false"),
-    # accelerate's regional compilation: each decoder layer compiled once and reused (env, not a setting)
+    # accelerate's regional compilation: each decoder layer compiled once and reused. Since 2026-12-02 the job
+    # compiles this way whenever it compiles (sft/ranks/trainer.py), so "compile" and "compile-layers" are alike,
+    # and so are the two configurations below (with 55862eb, compile-noliger-nockpt compiled the whole model).
     "compile-layers": dict(compile="true", env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
     # compiled without Liger's kernels (which turn the compiled loss NaN) and without checkpointing, at ZeRO-2
-    # (the planner predicts the uncompiled model's activations, which do not fit there without Liger)
+    # (before 2026-12-02 the planner counted the uncompiled model's activations, which do not fit without Liger)
     "compile-noliger-nockpt": dict(compile="true", liger_kernels="false", zero_stage="2",
                                    gradient_checkpointing="false"),
     "compile-layers-noliger-nockpt": dict(compile="true", liger_kernels="false", zero_stage="2",
