@@ -104,9 +104,10 @@ class Settings(TrainedOn):
     compile: str = _setting("auto", "torch.compile each decoder layer (TRL's torch_compile, accelerate's regional "
                             "compilation): true, false, or auto: on with ZeRO-1 and 2 on GPUs (on H200s the "
                             "defaults trained 12-18% faster so, the same loss and peak memory), off with ZeRO-3, "
-                            "rows split over GPUs, SFT_LIGER_KERNELS=true and on CPU. Compiled, Liger's kernels are off (with them the "
-                            "loss was NaN). The first steps compile (the probe counts them); the compiled kernels "
-                            "are cached under SFT_OUTPUT_DIR/run/compile-cache for a resumed job.",
+                            "rows split over GPUs, SFT_LIGER_KERNELS=true and on CPU. Compiled, Liger's kernels "
+                            "are off (with them the loss was NaN). The first steps compile (the probe counts "
+                            "them); the compiled kernels are cached under SFT_OUTPUT_DIR/run/compile-cache for a "
+                            "resumed job.",
                             choices=SWITCH)
     gradient_checkpointing: str = _setting("auto", "Recompute activations in backward to save memory: true, false, "
                                            "offload (checkpoints kept in host memory: long rows), or auto: off "
