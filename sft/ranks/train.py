@@ -77,12 +77,14 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
 
     from .. import tracking
     from ..data.sources import build
-    from .trainer import trainer_arguments
+    from .trainer import regional_compilation, trainer_arguments
 
     if spec.mode == "train":  # each tracker's files under OUTPUT/run/, unless the user pointed it elsewhere
         for variable, value in tracking.environment(spec.report_to, Path(spec.run_dir)).items():
             os.environ.setdefault(variable, value)
     config = trainer_arguments(spec, on_gpu)
+    if spec.compile:
+        regional_compilation()  # read when SFTTrainer makes its Accelerator, below
     if spec.stage.startswith("3"):
         upstream.fused_head_with_offloaded_checkpoints()  # a no-op for ZeRO-3's own parameters
     if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)

@@ -88,7 +88,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         # A collective waits this long for a lost node's ranks, then fails the job instead of hanging it.
         ddp_timeout=spec.node_timeout_seconds,
         use_liger_kernel=spec.liger_kernels,  # TRL applies the layer kernels only (its fused LM head stays)
-        torch_compile=spec.compile,  # each decoder layer, once DeepSpeed has wrapped the model (see below)
+        torch_compile=spec.compile,  # each decoder layer, once DeepSpeed has wrapped the model (train.py)
         model_init_kwargs={"dtype": torch.bfloat16 if spec.bf16 else torch.float32,
                            "attn_implementation": spec.attention, "revision": spec.model_revision},
         assistant_only_loss=data.loss_on == "assistant",  # TRL masks all but the assistant's turns
@@ -128,23 +128,20 @@ def row_padding(spec: RunSpec, on_gpu: bool) -> int | str:
     return spec.sequence_parallel if on_gpu else spec.max_length
 
 
-def _regional_compilation(compiled: bool) -> None:
+def regional_compilation() -> None:
     """Compile each decoder layer, not the whole model: accelerate's regional compilation (its
     compile_regions_deepspeed, which compiles the DeepSpeed engine's module in place). One layer's graph
     serves all of them, the model's forward (its mask, TRL's fused LM head) stays eager, and on an H200 it
-    ran the defaults 18% faster than uncompiled with Liger's kernels, where the whole model compiled through DeepSpeed's
-    engine.compile had not finished warming up in 270 s (docs/speed.md, 2026-12-02). Accelerate reads it
-    from the environment only, when the Trainer makes its Accelerator."""
-    if compiled:
-        os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
+    ran the defaults 18% faster than uncompiled with Liger's kernels, where the whole model compiled through
+    DeepSpeed's engine.compile had not finished warming up in 270 s (docs/speed.md, 2026-12-02). Accelerate
+    reads it from the environment only, when the Trainer makes its Accelerator: call it in the rank, before."""
+    os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
 
 
 def trainer_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True):
     """SFTConfig: the job's arguments and the user's SFT_TRAINER_ARGS (checked in settings: none of the job's)."""
     from trl import SFTConfig
 
-    if in_rank:
-        _regional_compilation(spec.compile)
     return SFTConfig(**job_arguments(spec, on_gpu, in_rank), **spec.trainer_args)
 
 
