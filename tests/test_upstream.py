@@ -47,3 +47,33 @@ def test_the_fused_heads_gather_passes_a_plain_tensor_by(zero3_on, trl_utils):
         assert weight.shape == (8, 4)
     with pytest.raises(RuntimeError, match="saved weight is empty"):
         trl_utils.maybe_gather_lm_head_ctx(torch.empty(0), None)  # freed: a wrong gradient, so it fails
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
+    """The job's ZeRO-1/2 gradient norm (torch's foreach norm in fp32, for the speed of an H200's step) against
+    DeepSpeed's own (fp64, one parameter at a time) on the same three clipped steps from the same weights,
+    through real DeepSpeed ZeRO-2 in bf16 on 1 and 2 CPU ranks (a parameter split between the ranks, padded
+    partitions): the same norms, so the same clipping and the same weights after; a NaN gradient reads as
+    DeepSpeed's does (inf, which the ranks stop on: tests/test_diverged.py)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import REPO, clean_environ
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.gradient_norm_step", str(port), str(r), str(world)],
+                              env=clean_environ(tmp_path), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outputs = [r.communicate(timeout=600) for r in ranks]
+    for r, (out, err) in zip(ranks, outputs):
+        assert r.returncode == 0, out[-3000:] + err[-3000:]
+    result = json.loads(outputs[0][0].strip().splitlines()[-1])
+    assert all(n > 0.5 * 4 for n in result["deepspeed"])  # clipped, each step
+    assert result["job"] == pytest.approx(result["deepspeed"], rel=1e-5)
+    assert result["deepspeed"][1] != pytest.approx(result["deepspeed"][0], rel=1e-3)  # steps differ
+    assert result["job_nan"] == result["deepspeed_nan"] == [float("inf")]  # what the ranks stop on

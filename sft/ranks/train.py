@@ -87,6 +87,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         regional_compilation()  # read when SFTTrainer makes its Accelerator, below
     if spec.stage.startswith("3"):
         upstream.fused_head_with_offloaded_checkpoints()  # a no-op for ZeRO-3's own parameters
+    else:
+        upstream.gradient_norm_in_fp32()
     if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)
         upstream.flex_block_mask_uncompiled()
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
