@@ -8,6 +8,7 @@ compilation, allocator growth and DeepSpeed's first all-gathers, and would skew 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from ..handoff import RankReport
@@ -18,29 +19,47 @@ from ..units import gib
 # Steps left out before the steady state: on a fresh machine the first launch compiles flex attention's
 # and Liger's kernels during step 2 and recompiles for new shapes in step 4 (docs/speed.md).
 WARMUP_STEPS = 4
+# A step this many times the steady window's median is a stall, not the steady state, and is timed apart: a
+# recompilation for a shape not seen before (on an H200, 2026-12-02, a compiled Qwen3-1.7B probe recompiled its
+# layers at step 27 for a packed batch of 63 attention blocks instead of 64: 14.5 s against 0.26 s a step, which
+# halved the probe's tokens/s), or a checkpoint's save in a training run. Its time beyond the steady rate is a
+# one-off cost, counted once with the warm-up (the compile cache spares a later launch most of it).
+STALL_FACTOR = 3.0
+
+
+def _warmup_steps(count: int) -> int:
+    return min(max(WARMUP_STEPS, count // 10), count - 2)
 
 
 def steady_rates(steps: list[list[float]]) -> dict[str, float] | None:
     """Seconds per step and tokens/s over the steady state: after the first 10% (at least WARMUP_STEPS)
-    steps, while at least 2 are left.
+    steps, while at least 2 are left, without stalls (STALL_FACTOR), whose time beyond the steady rate is
+    `stall_seconds` (when there were any).
 
     `steps`: (step, time, tokens) at each optimizer step. The probe and the full run are both measured
     here, so the probe's check against the run compares like with like.
     """
     if len(steps) < 3:
         return None
-    skip = min(max(WARMUP_STEPS, len(steps) // 10), len(steps) - 2)
-    (s0, t0, n0), (s1, t1, n1) = steps[skip - 1], steps[-1]
-    return {"seconds_per_step": round((t1 - t0) / (s1 - s0), 4), "tokens_per_second": round((n1 - n0) / (t1 - t0), 1)}
+    window = steps[_warmup_steps(len(steps)) - 1:]
+    spans = [(t1 - t0, n1 - n0, s1 - s0) for (s0, t0, n0), (s1, t1, n1) in zip(window, window[1:])]
+    typical = statistics.median(seconds / count for seconds, _, count in spans)
+    kept = [span for span in spans if span[0] <= STALL_FACTOR * typical * span[2]]
+    seconds, tokens, count = (sum(column) for column in zip(*kept))
+    out = {"seconds_per_step": round(seconds / count, 4), "tokens_per_second": round(tokens / seconds, 1)}
+    if stalls := [span for span in spans if span not in kept]:
+        out["stall_seconds"] = round(sum(t - n * seconds / count for t, _, n in stalls), 1)
+    return out
 
 
 def warmup_seconds(main: RankReport, rates: dict[str, float] | None) -> float | None:
-    """What the first steps cost beyond the steady rate: compilation, allocator growth, first all-gathers."""
+    """What the first steps cost beyond the steady rate (compilation, allocator growth, first all-gathers), and
+    the stalls' after them (a recompilation)."""
     if not rates or main.train_began is None:
         return None
-    skip = min(max(WARMUP_STEPS, len(main.steps) // 10), len(main.steps) - 2)
-    step, at, _ = main.steps[skip - 1]
-    return round(max(at - main.train_began - step * rates["seconds_per_step"], 0.0), 1)
+    step, at, _ = main.steps[_warmup_steps(len(main.steps)) - 1]
+    first = max(at - main.train_began - step * rates["seconds_per_step"], 0.0)
+    return round(first + rates.get("stall_seconds", 0.0), 1)
 
 
 def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None = None,
@@ -128,6 +147,8 @@ def table(fig: dict[str, Any]) -> str:
         ("tokens/s (non-padding, steady)", fig.get("tokens_per_second", "n/a (too few steps)")),
         ("seconds per step", fig.get("seconds_per_step", "n/a")),
         ("warm-up seconds (beyond steady)", fig.get("warmup_seconds", "n/a")),
+        *([("  of which later stalls", f"{fig['stall_seconds']} (steps {STALL_FACTOR:g}x the steady one or "
+            "more: a recompilation)")] if fig.get("stall_seconds") else []),
         ("seconds from start to first step", fig.get("seconds_to_first_step", "n/a")),
         ("peak reserved GiB per rank", ", ".join(f"{g:.2f}" for g in fig["peak_reserved_gib"])),
         ("steps per epoch", fig.get("steps_per_epoch")),
