@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary, run_entrypoint
+from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, free_port, read_summary, run_entrypoint
 
 
 @pytest.fixture
@@ -114,13 +114,10 @@ def test_a_nan_gradient_through_real_deepspeed(config, tmp_path):
     inf: the ranks' checks stop there, at a log and before a save. With the check on the step is skipped, the
     weights stay finite, and nothing stops."""
     import json
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # as a module from the repository root, so the script imports sft (pytest's pythonpath is not a child's)
     done = subprocess.run([sys.executable, "-m", "tests.nan_gradient_step", config, str(port)],
                           env=clean_environ(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=600)

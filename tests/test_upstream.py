@@ -57,22 +57,23 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
     partitions): the same norms, so the same clipping and the same weights after; a NaN gradient reads as
     DeepSpeed's does (inf, which the ranks stop on: tests/test_diverged.py)."""
     import json
-    import socket
     import subprocess
     import sys
 
-    from conftest import REPO, clean_environ
+    from conftest import REPO, clean_environ, free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ranks = [subprocess.Popen([sys.executable, "-m", "tests.gradient_norm_step", str(port), str(r), str(world)],
-                              env=clean_environ(tmp_path), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
-    outputs = [r.communicate(timeout=600) for r in ranks]
-    for r, (out, err) in zip(ranks, outputs):
-        assert r.returncode == 0, out[-3000:] + err[-3000:]
-    result = json.loads(outputs[0][0].strip().splitlines()[-1])
+    port, logs = free_port(), [tmp_path / f"rank{r}.log" for r in range(world)]
+    # each rank's output to a file: a pipe not read while the test waits on another rank could fill and block it
+    ranks = []
+    for r, log in enumerate(logs):
+        with log.open("w") as out:  # the child keeps its own copy of the file
+            ranks.append(subprocess.Popen([sys.executable, "-m", "tests.gradient_norm_step", str(port), str(r),
+                                           str(world)], env=clean_environ(tmp_path), cwd=REPO, stdout=out,
+                                          stderr=subprocess.STDOUT))
+    for r, log in zip(ranks, logs):
+        assert r.wait(timeout=600) == 0, log.read_text()[-6000:]
+    result = json.loads(next(line for line in reversed(logs[0].read_text().splitlines())
+                             if line.startswith('{"deepspeed"')))
     assert all(n > 0.5 * 4 for n in result["deepspeed"])  # clipped, each step
     assert result["job"] == pytest.approx(result["deepspeed"], rel=1e-5)
     assert result["deepspeed"][1] != pytest.approx(result["deepspeed"][0], rel=1e-3)  # steps differ
