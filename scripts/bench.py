@@ -73,6 +73,7 @@ CONFIGS = {
                                           env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
     # twice the tokens per optimizer step: the step's fixed cost spread over twice the work
     "default-ga2": dict(micro_batch=4, grad_accum=2, batch_search="false"),
+    "default-ga4": dict(micro_batch=4, grad_accum=4, batch_search="false"),
     # the same through the setting a user would change (the batch search picks the split)
     "tokens-16k": dict(tokens_per_step=16384),
     "noliger-16k": dict(compile="true", liger_kernels="false", tokens_per_step=16384),
@@ -109,7 +110,7 @@ def attention_flops_per_token(model: str, data: str, max_length: int, sample: in
 
 
 def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict,
-              profile_step: int = 0) -> dict:
+              profile_step: int = 0, timeline: bool = False) -> dict:
     """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
     probe.json figures, and with profile_step the profile of that step (sft/ranks/profiling.py)."""
     settings = dict(settings)
@@ -118,6 +119,7 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **settings.pop("env", {}))
     if profile_step:
         env["SFTDEV_PROFILE_STEP"] = str(profile_step)
+        env["SFTDEV_PROFILE_TIMELINE"] = "1" if timeline else "0"
     env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:
@@ -129,11 +131,13 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     used = summary.get("resolved") or {}  # what ran: the batch search's split, auto's checkpointing and Liger
     split = {k: used[k] for k in ("micro_batch", "grad_accum", "gradient_checkpointing", "liger_kernels") if k in used}
     profile = work / name / "run" / "reports" / "profile-rank0.json"
+    gaps = work / name / "run" / "reports" / "profile-rank0.gaps.txt"
     report = work / name / "run" / "reports" / "probe-rank0.json"
     history = json.loads(report.read_text()).get("log_history", []) if report.exists() else []
     return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig,
             "batch_search": summary.get("batch_search"), "phases": summary.get("phases"),
             "profile": json.loads(profile.read_text()) if profile.exists() else None,
+            "gaps": gaps.read_text() if gaps.exists() else None,
             "losses": [[h["step"], h["loss"], h.get("grad_norm")] for h in history if "loss" in h]}
 
 
@@ -148,12 +152,14 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
 @click.option("--profile-step", default=0, show_default=True, help="Profile this probe step of each configuration "
               "(0: none): its time by phase and kernel kind. Its synchronisations and the trace's export fall in "
               "the steady window: profile in a run of its own, not in one whose throughput you report.")
+@click.option("--timeline", is_flag=True, help="With --profile-step: profile the step as it runs, nothing "
+              "synchronised, and report the GPU's idle time by what the host ran (Python stacks).")
 @click.option("--set", "extra", multiple=True, help="KEY=VALUE: an SFT_ setting for every configuration, e.g. "
               "max_length=65536.")
 @click.option("--steps-for", multiple=True, help="NAME=STEPS: probe steps for one configuration (e.g. seed=12: "
               "the seed's steps are 8x slower).")
 def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int,
-         extra: tuple[str, ...], steps_for: tuple[str, ...]) -> None:
+         timeline: bool, extra: tuple[str, ...], steps_for: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
     common = dict(kv.split("=", 1) for kv in extra)
@@ -163,7 +169,8 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str,
     rows = []
     for name in configs.split(","):
         row = run_probe(name, model, data, own_steps.get(name, steps), work,
-                        settings={**CONFIGS[name], "gpus": gpus, **common}, profile_step=profile_step)
+                        settings={**CONFIGS[name], "gpus": gpus, **common}, profile_step=profile_step,
+                        timeline=timeline)
         if "tokens_per_second" in row:
             row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
             row["mfu_attn"] = row["tokens_per_second"] / row["world_size"] * (6 * n + attn) / PEAK_FLOPS
@@ -198,6 +205,8 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str,
                    f"warm-up {r.get('warmup_seconds', '-')} s beyond the steady rate; phases {r.get('phases')}")
         if r.get("profile"):
             click.echo(profile_table(r["name"], r["profile"]))
+        if r.get("gaps"):
+            click.echo(f"  {r['name']}'s step as it ran:\n" + r["gaps"])
     (work / "bench.json").write_text(json.dumps(rows, indent=1))
 
 

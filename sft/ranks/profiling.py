@@ -7,15 +7,23 @@ a user setting. Writes REPORT_DIR/profile-rank0.json (the split) and profile-ran
 trace), and profile-rank0.python.txt: Python's own profile (cProfile) of the same step, the functions that
 hold the host while the GPU waits. The phases are timed with a device synchronisation at each boundary,
 which a profiled step pays, and cProfile slows Python-heavy code further: profile a run of its own.
+
+With SFTDEV_PROFILE_TIMELINE=1 the step runs as it would, with nothing synchronised and no cProfile: the
+profiler records Python's stacks instead, and profile-rank0.gaps.txt says what the host was running while
+the GPU had no kernel (the step's idle time by Python stack), the question a synchronised split cannot
+answer (its synchronisations make idle time of their own).
 """
 
 from __future__ import annotations
 
+import bisect
 import cProfile
+import gzip
 import io
 import json
 import os
 import pstats
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +47,7 @@ def callback(report_dir: str) -> TrainerCallback | None:
     step = os.environ.get("SFTDEV_PROFILE_STEP")
     if not step or int(os.environ.get("RANK", "0")) != 0:
         return None
-    return StepProfile(int(step), Path(report_dir))
+    return StepProfile(int(step), Path(report_dir), timeline=os.environ.get("SFTDEV_PROFILE_TIMELINE") == "1")
 
 
 def _sync() -> None:
@@ -48,18 +56,23 @@ def _sync() -> None:
 
 
 class StepProfile(TrainerCallback):
-    def __init__(self, step: int, out: Path):
-        self.step, self.out, self.trainer = step, out, None
+    def __init__(self, step: int, out: Path, timeline: bool = False):
+        self.step, self.out, self.trainer, self.timeline = step, out, None, timeline
         self.prof: Any = None
         self.restore: list[tuple[Any, str, Any]] = []
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step + 1 != self.step:
             return
-        self._mark_phases(self.trainer.model_wrapped)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        if self.timeline:
+            self.prof = torch.profiler.profile(activities=activities, with_stack=True)
+            self.prof.__enter__()
+            self.began = time.perf_counter()
+            return
+        self._mark_phases(self.trainer.model_wrapped)
         self.prof = torch.profiler.profile(activities=activities)
         self.prof.__enter__()
         _sync()
@@ -70,6 +83,8 @@ class StepProfile(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.prof is None:
             return
+        if self.timeline:
+            return self._end_timeline()
         _sync()
         wall = time.perf_counter() - self.began
         self.python.disable()
@@ -85,6 +100,25 @@ class StepProfile(TrainerCallback):
         (self.out / "profile-rank0.json").write_text(json.dumps(split, indent=1))
         (self.out / "profile-rank0.python.txt").write_text(_python_table(self.python))
         self.prof = None
+
+    def _end_timeline(self) -> None:
+        _sync()  # after the step: its kernels end inside the trace
+        wall = time.perf_counter() - self.began
+        prof, self.prof = self.prof, None
+        prof.__exit__(None, None, None)
+        self.out.mkdir(parents=True, exist_ok=True)
+        trace = self.out / "profile-rank0.trace.json"
+        try:  # a developer's tool: what it cannot read is reported, the training goes on
+            prof.export_chrome_trace(str(trace))
+            text = f"profiled step {self.step}, {wall:.4f} s on the host, nothing synchronised\n" + gaps_report(
+                json.loads(trace.read_text()))
+        except Exception as e:  # noqa: BLE001
+            text = f"profiled step {self.step}: the timeline could not be read: {type(e).__name__}: {e}\n"
+        (self.out / "profile-rank0.gaps.txt").write_text(text)
+        if trace.exists():
+            with open(trace, "rb") as f, gzip.open(f"{trace}.gz", "wb") as g:
+                g.write(f.read())
+            trace.unlink()
 
     def _mark_phases(self, engine) -> None:
         """Wrap DeepSpeed's forward, backward and step on this engine in named, synchronised ranges
@@ -150,3 +184,136 @@ def _union(spans: list[tuple[float, float]]) -> float:
         total += e - max(s, end)
         end = e
     return total
+
+
+# The timeline's GPU activity, the host's events that name what ran, and the Python frames worth naming
+# (the libraries a step runs through; torch's own frames are too many to read).
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_OPS = ("cpu_op", "cuda_runtime", "cuda_driver")
+NAMED = re.compile(r"(?:^|/)((?:sft|trl|transformers|deepspeed|accelerate|torch/optim|liger_kernel)/.*)")
+ENGINE_PHASE = re.compile(r"deepspeed/runtime/engine\.py\(\d+\): (forward|backward|step)$")
+SAMPLE_US = 10.0
+
+
+def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
+    """What the host ran while the GPU was idle, from a Chrome trace recorded with Python stacks.
+
+    The idle time between the step's first host event and its last kernel is sampled every SAMPLE_US; each
+    sample is charged to the innermost Python frame of the thread at work and to that thread's innermost
+    host op (aten op, CUDA runtime call). torch's profiler reports kernels and stacks but not this join: it is the
+    view that says which code keeps the GPU waiting."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                 if e.get("cat") in GPU_CATS)
+    python = [e for e in events if e.get("cat") == "python_function"]
+    if not gpu or not python:
+        return "no GPU activity or no Python stacks in the trace (profiled with with_stack on a GPU?)\n"
+    threads = sorted({e["tid"] for e in python}, key=str)
+    py_at = [_innermost([e for e in python if e["tid"] == t]) for t in threads]
+    op_at = [_innermost([e for e in events if e.get("cat") in HOST_OPS and e["tid"] == t]) for t in threads]
+    start = min(float(e["ts"]) for e in python)
+    end = max(g[1] for g in gpu)
+    busy, idle = _busy_and_idle([(s, e) for s, e, _ in gpu], start, end)
+    by_kind: dict[str, float] = {}
+    for s, e, name in gpu:
+        by_kind[_kind(name)] = by_kind.get(_kind(name), 0.0) + (min(e, end) - max(s, start)) / 1e6 * (e > start)
+    frames = _frames(python)
+    by_stack: dict[str, float] = {}
+    by_op: dict[str, float] = {}
+    by_phase: dict[str, float] = {}
+    for s, e in idle:
+        t = s
+        while t < e:
+            w = min(SAMPLE_US, e - t)
+            # the thread that entered its innermost frame last is the one at work (the main thread waits in
+            # run_backward while autograd's thread runs the backward's hooks)
+            here, thread = max(((at(t + w / 2), i) for i, at in enumerate(py_at)),
+                               key=lambda x: float(x[0]["ts"]) if x[0] is not None else float("-inf"))
+            chain = frames(here) if here is not None else []
+            key = _stack_key(chain)
+            by_stack[key] = by_stack.get(key, 0.0) + w
+            phase = next((m.group(1) for f in reversed(chain) if (m := ENGINE_PHASE.search(f))), "outside the engine")
+            by_phase[phase] = by_phase.get(phase, 0.0) + w
+            op = op_at[thread](t + w / 2)
+            name = op["name"] if op is not None else "(no host op)"
+            by_op[name] = by_op.get(name, 0.0) + w
+            t += w
+    window, idle_total = (end - start) / 1e6, sum(e - s for s, e in idle) / 1e6
+    short = sum(e - s for s, e in idle if e - s < 20) / 1e6
+    lines = [f"window {window:.4f} s from the step's first host event to its last kernel; GPU busy "
+             f"{busy / 1e6:.4f} s, idle {idle_total:.4f} s in {len(idle)} gaps ({short:.4f} s of it in gaps "
+             f"under 20 us: kernels launched back to back)",
+             "GPU seconds by kind: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(by_kind.items())),
+             "idle by DeepSpeed engine phase the host was in: " + ", ".join(
+                 f"{k} {v / 1e6:.4f}" for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])),
+             f"\nidle by the innermost named Python frames the host was in (top {top}):"]
+    lines += [f"  {v / 1e6:8.4f} s {v / 1e6 / max(idle_total, 1e-9):6.1%}  {k}"
+              for k, v in sorted(by_stack.items(), key=lambda kv: -kv[1])[:top]]
+    lines.append("\nidle by the innermost host op (aten, CUDA runtime):")
+    lines += [f"  {v / 1e6:8.4f} s {v / 1e6 / max(idle_total, 1e-9):6.1%}  {k}"
+              for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:top // 2]]
+    return "\n".join(lines) + "\n"
+
+
+def _busy_and_idle(spans: list[tuple[float, float]], start: float, end: float):
+    """The union of the spans inside [start, end], and the gaps between them."""
+    busy, idle, cursor = 0.0, [], start
+    for s, e in sorted(spans):
+        s, e = max(s, start), min(e, end)
+        if e <= cursor:
+            continue
+        if s > cursor:
+            idle.append((cursor, s))
+        busy += e - max(s, cursor)
+        cursor = e
+    if cursor < end:
+        idle.append((cursor, end))
+    return busy, idle
+
+
+def _innermost(events: list[dict]):
+    """A lookup t -> the innermost event that holds t (events of one thread nest), by one sweep into
+    segments where the innermost event stays the same."""
+    marks: list[tuple[float, dict | None]] = []
+    stack: list[tuple[float, dict]] = []
+    for e in sorted(events, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
+        s = float(e["ts"])
+        while stack and stack[-1][0] <= s:
+            done = stack.pop()[0]
+            marks.append((done, stack[-1][1] if stack else None))
+        stack.append((s + float(e["dur"]), e))
+        marks.append((s, e))
+    while stack:
+        done = stack.pop()[0]
+        marks.append((done, stack[-1][1] if stack else None))
+    times = [m[0] for m in marks]
+
+    def at(t: float) -> dict | None:
+        i = bisect.bisect_right(times, t) - 1
+        return marks[i][1] if i >= 0 else None
+
+    return at
+
+
+def _frames(python: list[dict]):
+    """A lookup event -> its Python stack, outermost first, by the profiler's parent ids."""
+    by_id = {e["args"]["Python id"]: e for e in python if "Python id" in e.get("args", {})}
+
+    def chain(e: dict) -> list[str]:
+        out = []
+        while e is not None and len(out) < 200:
+            out.append(re.sub(r" at 0x[0-9a-f]+", "", e["name"]))
+            e = by_id.get(e.get("args", {}).get("Python parent id"))
+        return out[::-1]
+
+    return chain
+
+
+def _stack_key(chain: list[str], named: int = 3) -> str:
+    """The last `named` frames from the libraries in NAMED, shortened to their package path, and the
+    innermost frame when it is not one of them (a builtin such as Tensor.item, torch's own code)."""
+    short = [m.group(1) for f in chain if (m := NAMED.search(f))]
+    key = short[-named:]
+    if chain and not NAMED.search(chain[-1]):
+        key.append(chain[-1][-80:])
+    return " > ".join(key) or "(no Python frame)"

@@ -1,0 +1,52 @@
+"""The timeline profile's idle-time report (sft/ranks/profiling.py::gaps_report), on a trace of known
+gaps and on a real trace of torch's profiler (its event format, which the report reads)."""
+
+import torch
+
+from sft.ranks.profiling import gaps_report
+
+
+def _py(pid, name, ts, dur, parent):
+    return {"ph": "X", "cat": "python_function", "name": name, "tid": 7, "ts": ts, "dur": dur,
+            "args": {"Python id": pid, "Python parent id": parent}}
+
+
+def test_idle_gpu_time_is_charged_to_what_the_host_ran():
+    step = "/site/deepspeed/runtime/engine.py(2400): step"
+    loss = "/site/trl/trainer/sft_trainer.py(1642): compute_loss"
+    events = [
+        _py(1, "train.py(10): <module>", 0, 1000, None),
+        _py(2, "/site/deepspeed/runtime/engine.py(2100): forward", 0, 400, 1),
+        _py(3, loss, 100, 300, 2),
+        _py(4, "<built-in method item of Tensor object at 0x7f00>", 200, 200, 3),
+        _py(5, step, 500, 500, 1),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "tid": 7, "ts": 200, "dur": 200},
+        # kernels: busy 0-200, idle 200-400 (the host in .item()), busy 400-600, idle 600-900 (in step)
+        {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "tid": 0, "ts": 0, "dur": 200},
+        {"ph": "X", "cat": "kernel", "name": "triton_fused_adam", "tid": 0, "ts": 400, "dur": 200},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "tid": 0, "ts": 900, "dur": 100},
+    ]
+    text = gaps_report({"traceEvents": events})
+    assert "GPU busy 0.0005 s, idle 0.0005 s in 2 gaps" in text
+    assert "matmul 0.0002" in text and "copies 0.0001" in text
+    assert "step 0.0003, forward 0.0002" in text
+    lines = text.splitlines()
+    assert "0.0003 s  60.0%  deepspeed/runtime/engine.py(2400): step" in lines[lines.index(
+        "idle by the innermost named Python frames the host was in (top 30):") + 1]
+    # the builtin is named after the library frames, its address dropped
+    assert ("0.0002 s  40.0%  deepspeed/runtime/engine.py(2100): forward > trl/trainer/sft_trainer.py(1642): "
+            "compute_loss > <built-in method item of Tensor object>") in text
+    assert "0.0002 s  40.0%  aten::_local_scalar_dense" in text
+
+
+def test_torch_profilers_own_trace_is_read(tmp_path):
+    """On CPU the trace has Python stacks and no kernel: the report says so instead of failing."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        x = torch.randn(32, 32)
+        (x @ x).sum().item()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    import json
+
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert any(e.get("cat") == "python_function" and "Python parent id" in e["args"] for e in trace["traceEvents"])
+    assert gaps_report(trace).startswith("no GPU activity")
