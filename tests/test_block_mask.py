@@ -74,3 +74,20 @@ def test_registered_for_transformers_flex_attention():
                 device="cpu")
     expected = mu.and_masks(mask_mod, mu.padding_mask_function(padding))
     assert_same(ours, create_block_mask(expected, 1, None, length, length, device="cpu", _compile=False))
+
+
+def test_same_block_mask_as_torch_with_padding_and_heads():
+    """Padded positions (Transformers' padding mask, which indexes a tensor by batch and kv index) and a mask
+    that differs by head: evaluated broadcast, as torch's vmap evaluates them."""
+    mask_mod, length = packed_mask([[300, 400], [700]])
+    padding = torch.ones(2, length, dtype=torch.bool)
+    padding[0, 650:] = False
+    padded = mu.and_masks(mask_mod, mu.padding_mask_function(padding))
+
+    def by_head(b, h, q_idx, kv_idx):  # head 1 sees only the last 64 tokens
+        return padded(b, h, q_idx, kv_idx) & ((h == 0) | (q_idx - kv_idx < 64))
+
+    for mod, heads in ((padded, 1), (by_head, 2)):
+        ours = upstream.block_mask_by_rows(mod, 2, heads, length, length, "cpu", elements=2 * heads * 256 * length)
+        torchs = create_block_mask(mod, 2, heads, length, length, device="cpu", _compile=False)
+        assert_same(ours, torchs)

@@ -51,15 +51,14 @@ MASK_ELEMENTS_AT_ONCE = 1 << 26
 def block_mask_by_rows(mask_mod, batch: int, heads: int, q_length: int, kv_length: int, device,
                        elements: int = MASK_ELEMENTS_AT_ONCE):
     """The BlockMask `create_block_mask(mask_mod, ..., _compile=False)` makes, built from the mask evaluated a
-    band of query rows at a time instead of whole (torch's own pieces: create_mask, then its block reduction)."""
+    band of query rows at a time instead of whole (then torch's own block reduction)."""
     from torch.nn.attention import flex_attention as fa
 
     block = fa._DEFAULT_SPARSE_BLOCK_SIZE
     band = max(block, elements // max(1, batch * heads * kv_length) // block * block)
     partial, full = [], []
     for start in range(0, q_length, band):
-        dense = fa.create_mask(_rows_from(mask_mod, start), batch, heads, min(band, q_length - start), kv_length,
-                               device)
+        dense = dense_mask(mask_mod, batch, heads, start, min(band, q_length - start), kv_length, device)
         p, f = fa._convert_mask_to_block_mask(dense, Q_BLOCK_SIZE=block, KV_BLOCK_SIZE=block,
                                               separate_full_blocks=True)
         partial.append(p)
@@ -69,11 +68,18 @@ def block_mask_by_rows(mask_mod, batch: int, heads: int, q_length: int, kv_lengt
                                                    (q_length, kv_length), block, block)
 
 
-def _rows_from(mask_mod, start: int):
-    """mask_mod over query rows start, start + 1, ... (torch tells a mask_mod by its four arguments)."""
-    def shifted(b, h, q_idx, kv_idx):
-        return mask_mod(b, h, q_idx + start, kv_idx)
-    return shifted
+def dense_mask(mask_mod, batch: int, heads: int, start: int, rows: int, kv_length: int, device) -> torch.Tensor:
+    """mask_mod over query rows start .. start + rows - 1, as a (batch, heads, rows, kv_length) boolean tensor,
+    evaluated once on broadcast index tensors. torch's create_mask vmaps it over the four indices instead:
+    on an H200 that re-ran the mask's Python under four vmap levels at every forward, with the GPU idle (a
+    third of a default step's idle time, docs/speed.md). Transformers' mask functions are written for both
+    (its sdpa_mask evaluates them broadcast); tests/test_block_mask.py holds the result to torch's."""
+    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    q = torch.arange(start, start + rows, device=device).view(1, 1, rows, 1)
+    kv = torch.arange(kv_length, device=device).view(1, 1, 1, kv_length)
+    return torch.as_tensor(mask_mod(b, h, q, kv), dtype=torch.bool, device=device).expand(
+        batch, heads, rows, kv_length)
 
 
 def flex_block_mask_uncompiled() -> None:
