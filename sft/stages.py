@@ -75,9 +75,14 @@ def shipped_config(name: str) -> dict[str, Any]:
     12.6% faster on an H200 (13,359 against 12,416 and 11,868 tokens/s, the same losses; docs/speed.md).
     bf16 has fp32's range and no loss scale. Without the check DeepSpeed applies a step whose gradient holds a
     NaN (its norm, computed anyway, reads inf): the ranks stop at that norm, before the step is saved
-    (ranks/progress.py)."""
+    (ranks/progress.py).
+
+    And with DeepSpeed's throughput timer off: on by default, it synchronises the GPU at the start and end of
+    every forward (HF's Trainer hands DeepSpeed no dataloader), for a samples/s figure the job never prints;
+    the ranks time their own steps (ranks/progress.py)."""
     config = json.loads(_read_shipped(name))
     config.setdefault("bf16", {})["check_grad_overflow"] = False
+    config.setdefault("timers", {})["throughput"] = {"enabled": False}
     return config
 
 

@@ -41,11 +41,13 @@ def _seed(stage: str) -> dict:
 
 @pytest.mark.parametrize("stage", stages.NAMES)
 def test_shipped_config_is_the_seeds(stage):
-    """The seed's, plus the job's one change: bf16's overflow check off (the file on disk is the seed's)."""
+    """The seed's, plus the job's two changes: bf16's overflow check and DeepSpeed's throughput timer off (the
+    file on disk is the seed's)."""
     expected = _seed(stage)
     assert json.loads((stages.CONFIG_DIR / stages.get(stage).config_file).read_text()) == expected
     expected = copy.deepcopy(expected)
     expected["bf16"]["check_grad_overflow"] = False
+    expected["timers"] = {"throughput": {"enabled": False}}
     assert stages.shipped_config(stage) == expected
     assert stages.of_config(stages.shipped_config(stage)) == stages.get(stage)
 
@@ -56,6 +58,13 @@ def test_deepspeed_reads_the_overflow_check_as_off(stage):
 
     assert get_bfloat16_config({"bf16": {**stages.shipped_config(stage)["bf16"], "enabled": True}}
                                ).check_grad_overflow is False
+
+
+@pytest.mark.parametrize("stage", stages.NAMES)
+def test_deepspeed_reads_the_throughput_timer_as_off(stage):
+    from deepspeed.utils.config import get_timers_config
+
+    assert get_timers_config(stages.shipped_config(stage)).enabled is False
 
 
 @pytest.mark.parametrize("stage", stages.NAMES)
