@@ -50,3 +50,19 @@ def test_torch_profilers_own_trace_is_read(tmp_path):
     trace = json.loads((tmp_path / "t.json").read_text())
     assert any(e.get("cat") == "python_function" and "Python parent id" in e["args"] for e in trace["traceEvents"])
     assert gaps_report(trace).startswith("no GPU activity")
+
+
+def test_during_the_backward_the_idle_time_is_autograds_threads():
+    """The main thread waits in run_backward while autograd's thread runs the hooks: the thread that entered
+    its innermost frame last is the one charged."""
+    hook = "/site/deepspeed/runtime/zero/stage_1_and_2.py(1368): grad_handling_hook"
+    events = [
+        _py(1, "/site/deepspeed/runtime/engine.py(3381): backward", 0, 1000, None),
+        _py(2, "<built-in method run_backward of torch._C._EngineBase object>", 10, 990, 1),
+        {**_py(3, hook, 300, 400, None), "tid": 8},
+        {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "tid": 0, "ts": 0, "dur": 300},
+        {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "tid": 0, "ts": 700, "dur": 300},
+    ]
+    text = gaps_report({"traceEvents": events})
+    assert "idle 0.0004 s in 1 gaps" in text
+    assert "0.0004 s 100.0%  deepspeed/runtime/zero/stage_1_and_2.py(1368): grad_handling_hook" in text
