@@ -44,7 +44,7 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 	SFT_LEARNING_RATE=2e-3 HF_HUB_OFFLINE=1 $(PY) entrypoint.py
 
 test:  ## the test suite (CPU; GPU tests skip with their reason)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest 25: CI has 90 minutes
 
 image:  ## build the image users run (CUDA devel base) and print its size
 	DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
