@@ -27,15 +27,6 @@ def clean_environ(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now, for a child's MASTER_PORT."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def isolated_env(monkeypatch, tmp_path):
     """Every variable the job reads, cleared for this test (the job reads os.environ directly)."""

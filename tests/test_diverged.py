@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, free_port, read_summary, run_entrypoint
+from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary, run_entrypoint
+from sft.controller.launch import free_port
 
 
 @pytest.fixture

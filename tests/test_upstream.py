@@ -60,7 +60,8 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
     import subprocess
     import sys
 
-    from conftest import REPO, clean_environ, free_port
+    from conftest import REPO, clean_environ
+    from sft.controller.launch import free_port
 
     port, logs = free_port(), [tmp_path / f"rank{r}.log" for r in range(world)]
     # each rank's output to a file: a pipe not read while the test waits on another rank could fill and block it
