@@ -177,13 +177,7 @@ def _split(events) -> dict[str, Any]:
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(spans):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
+    return _busy_and_idle(spans, min(s for s, _ in spans), max(e for _, e in spans))[0] if spans else 0.0
 
 
 # The timeline's GPU activity, the host's events that name what ran, and the Python frames worth naming
