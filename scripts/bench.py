@@ -79,6 +79,10 @@ CONFIGS = {
     "noliger-16k": dict(compile="true", liger_kernels="false", tokens_per_step=16384),
     # the defaults of 2026-12-01 (compiled, Liger, 8,192 tokens a step), whatever the defaults become
     "compile-liger-8k": dict(compile="true", liger_kernels="true", tokens_per_step=8192),
+    # ZeRO-2 with the shipped file's two bucket options off (SFT_DS_CONFIG written from it): on one GPU there is
+    # no reduce to overlap, and contiguous_gradients copies each gradient into a buffer after its hook
+    "z2-plain": dict(zero_stage="2", zero={"overlap_comm": False, "contiguous_gradients": False}),
+    "z2-nooverlap": dict(zero_stage="2", zero={"overlap_comm": False}),
 }
 
 
@@ -114,6 +118,13 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
     probe.json figures, and with profile_step the profile of that step (sft/ranks/profiling.py)."""
     settings = dict(settings)
+    if "zero" in settings:  # the shipped config of the stage, with these zero_optimization keys, as SFT_DS_CONFIG
+        sys.path.insert(0, str(REPO))
+        from sft.stages import shipped_config
+        config = shipped_config(settings.pop("zero_stage"))
+        config["zero_optimization"].update(settings.pop("zero"))
+        (work / f"{name}.ds.json").write_text(json.dumps(config, indent=1))
+        settings["ds_config"] = str(work / f"{name}.ds.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFT_")}
     env.update(SFT_MODEL=model, SFT_DATASET=data, SFT_PROBE_STEPS=str(steps), SFT_OUTPUT_DIR=str(work / name),
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **settings.pop("env", {}))
