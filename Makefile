@@ -66,9 +66,12 @@ probe:  ## only the probe, in the image
 
 lock:  ## re-pin requirements.lock from requirements.in (in a fresh venv)
 	rm -rf /tmp/lock-venv && $(PYTHON) -m venv /tmp/lock-venv
-	grep -v '^liger-kernel' requirements.in > /tmp/lock-venv/requirements.in
+	sed -n '/^# SFT_ATTENTION=flash_attention_4/,$$p' requirements.in | grep -v '^#' > /tmp/lock-venv/gpu-only.in
+	grep -v '^liger-kernel' requirements.in | grep -v -x -F -f /tmp/lock-venv/gpu-only.in \
+	  > /tmp/lock-venv/requirements.in
 	/tmp/lock-venv/bin/pip install -q -r /tmp/lock-venv/requirements.in
-	/tmp/lock-venv/bin/pip install -q --no-deps "$$(grep '^liger-kernel' requirements.in | cut -d' ' -f1)"
+	/tmp/lock-venv/bin/pip install -q --no-deps "$$(grep '^liger-kernel' requirements.in | cut -d' ' -f1)" \
+	  -r /tmp/lock-venv/gpu-only.in
 	/tmp/lock-venv/bin/pip freeze | sed 's/+cpu$$//' > requirements.lock
 
 clean:  ## remove the demo's output

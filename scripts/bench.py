@@ -83,6 +83,8 @@ CONFIGS = {
     # no reduce to overlap, and contiguous_gradients copies each gradient into a buffer after its hook
     "z2-plain": dict(zero_stage="2", zero={"overlap_comm": False, "contiguous_gradients": False}),
     "z2-nooverlap": dict(zero_stage="2", zero={"overlap_comm": False}),
+    "fa4": dict(attention="flash_attention_4"),
+    "fa4-nocompile": dict(attention="flash_attention_4", compile="false"),
 }
 
 

@@ -15,13 +15,17 @@ lock="$here/requirements.lock"
 cache=(--no-cache-dir)
 if [ -n "${PIP_CACHE_DIR:-}" ]; then cache=(); fi
 pin() { grep "^$1==" "$lock"; }
+# FlashAttention-4 (SFT_ATTENTION=flash_attention_4): GPU kernels, useless with a CPU build of torch
+GPU_ONLY=(apache-tvm-ffi flash-attn-4 nvidia-cutlass-dsl nvidia-cutlass-dsl-libs-base nvidia-cutlass-dsl-libs-core
+          nvidia-cutlass-dsl-libs-cu13 quack-kernels torch-c-dlpack-ext)
 
 # The tools that build DeepSpeed from its sdist, pinned: a new setuptools can break an old setup.py.
 "$python" -m pip install "${cache[@]}" --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
 # torch first: DeepSpeed's build imports it to compile its ops. Its own dependencies as the lock pins them.
 "$python" -m pip install "${cache[@]}" -c "$lock" "$(pin torch)"
 rest=$(mktemp)
-grep -v -e '^torch==' -e '^deepspeed==' -e '^liger-kernel==' "$lock" > "$rest"
+grep -v -e '^torch==' -e '^deepspeed==' -e '^liger-kernel==' $(printf -- '-e ^%s== ' "${GPU_ONLY[@]}") "$lock" \
+  > "$rest"
 "$python" -m pip install "${cache[@]}" -r "$rest"
 rm -f "$rest"
 # Liger's kernels need Triton, which CUDA builds of torch bring and CPU builds do not: no dependencies of
@@ -30,6 +34,10 @@ rm -f "$rest"
 # DeepSpeed records the accelerator its ops were built for and loads a prebuilt op only under the same
 # one. A build with no GPU (docker build) would detect and record "cpu": follow torch's build instead.
 accelerator=${DS_ACCELERATOR:-$("$python" -c 'import torch; print("cuda" if torch.version.cuda else "cpu")')}
+# With a CUDA torch, which brings the cuda-bindings they need: no dependencies of their own beyond the lock's.
+if [ "$accelerator" = cuda ]; then
+  "$python" -m pip install "${cache[@]}" --no-deps $(for name in "${GPU_ONLY[@]}"; do pin "$name"; done)
+fi
 # On the CPU accelerator every start of the ranks also loads the shared-memory comm op (about 45 s to
 # compile on 2 cores, into a cache a container loses): prebuild it together with CPU Adam.
 shm_comm=0

@@ -24,7 +24,7 @@ from .settings_data import setting as _setting
 PREFIX = "SFT_"
 STAGES = ("auto", *stages.NAMES)
 LAUNCHERS = ("torchrun", "deepspeed")
-ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager")
+ATTENTIONS = ("auto", "flex_attention", "sdpa", "eager", "flash_attention_4")
 SWITCH = ("auto", "true", "false")
 CHECKPOINTING = (*SWITCH, "offload")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -91,8 +91,10 @@ class Settings(TrainedOn):
     packing: bool = _setting(True, "Pack conversations into rows of SFT_MAX_LENGTH tokens, each attending only to "
                              "itself (SFT_MICRO_BATCH then counts rows); false: one padded conversation per row.")
     attention: str = _setting("auto", "Attention kernel: " + ", ".join(ATTENTIONS) + "; auto: flex_attention on "
-                              "GPUs (its block mask skips the other sequences of a packed row), sdpa on CPU.",
-                              choices=ATTENTIONS)
+                              "GPUs (its block mask skips the other sequences of a packed row), sdpa on CPU. "
+                              "flash_attention_4: FlashAttention-4's kernels (flash-attn-4, in the image), on "
+                              "GPUs of compute capability 9.0 or newer (H100, H200, B200), each packed sequence "
+                              "attending to itself as with flex.", choices=ATTENTIONS)
     liger_kernels: str = _setting("auto", "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (TRL's "
                                   "use_liger_kernel): true, false, or auto: on GPUs where liger-kernel is "
                                   "installed (the image has it) and the layers are not compiled (SFT_COMPILE), "

@@ -38,6 +38,10 @@ def check(s: Settings) -> list[str]:
     if s.liger_kernels == "true" and not liger_available():
         problems.append(_bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
                              "(the image has them): install them, or use auto or false"))
+    if s.attention == "flash_attention_4" and not flash_attention_4_installed():
+        problems.append(_bad("SFT_ATTENTION", s.attention, "flash-attn-4 is not installed here (the image has it; "
+                             "`pip install flash-attn-4` on a host with a CUDA build of torch): install it, or use "
+                             "auto"))
     if s.liger_kernels == "true" and s.compile == "true":
         problems.append(_bad("SFT_LIGER_KERNELS", "true", "not with SFT_COMPILE=true: compiled with Liger's kernels, "
                              "training's loss was NaN from the third step on an H200 (docs/speed.md); set one of "
@@ -54,6 +58,16 @@ def liger_available() -> bool:  # also the machine's fact (controller/machine.py
     import importlib.util
 
     return all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
+
+
+def flash_attention_4_installed() -> bool:  # also the machine's fact (controller/machine.py)
+    """flash-attn-4's kernels and the CuTe DSL that compiles them are installed (found, not imported)."""
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("flash_attn.cute", "cutlass"))
+    except ModuleNotFoundError:  # no flash_attn package at all
+        return False
 
 
 def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:

@@ -236,6 +236,28 @@ def test_settings_reach_the_decision_unchanged_where_they_are_explicit():
     assert d.reasons["precision"] == "fp32 (SFT_PRECISION)" and d.reasons["launcher"] == "deepspeed (SFT_LAUNCHER)"
 
 
+def test_flash_attention_4_where_it_runs_and_a_clear_refusal_where_it_cannot():
+    with_fa4 = dataclasses.replace(ONE_H200, flash_attention_4_installed=True)
+    d = decided(machine=with_fa4, attention="flash_attention_4")
+    assert (d.attention, d.compile, d.stage.name) == ("flash_attention_4", True, "2")
+    assert d.reasons["attention"] == "flash_attention_4 (SFT_ATTENTION)"
+    a100 = dataclasses.replace(with_fa4, gpus=(GPU("NVIDIA A100-SXM4-80GB", 80 * GIB, (8, 0)),))
+    for machine, why in ((ONE_H200, "flash-attn-4 is not installed here"),
+                         (a100, "NVIDIA A100-SXM4-80GB is older than compute capability 9.0"),
+                         (dataclasses.replace(CPU_HOST, flash_attention_4_installed=True), "this machine has no GPU")):
+        with pytest.raises(CannotRun, match="SFT_ATTENTION='flash_attention_4': " + why + "; FlashAttention-4 runs "
+                           "on GPUs of compute capability 9.0 or newer"):
+            decided(machine=machine, attention="flash_attention_4",
+                    **({} if machine.gpus else {"shape": TINY, "max_length": 64}))
+    # only the GPUs the job uses count: an old GPU beside a Hopper one, left out by SFT_GPUS
+    mixed = dataclasses.replace(with_fa4, gpus=(a100.gpus[0], H200))
+    assert decided(machine=mixed, attention="flash_attention_4", gpus="1").attention == "flash_attention_4"
+    assert decided(machine=with_fa4).attention == "flex_attention"  # auto is unchanged: FA4 is asked for
+    with pytest.raises(CannotRun, match="SFT_ATTENTION=flash_attention_4: a split row needs sdpa"):
+        decided(shape=Q8, machine=dataclasses.replace(EIGHT_H200, flash_attention_4_installed=True), max_length=MILLION,
+                packing=False, attention="flash_attention_4")
+
+
 def test_the_tokens_per_step_stay_when_the_rows_grow_longer():
     assert split_of(decided(max_length=1024, batch_search="false")) == (8, 1, False)  # 8,192 tokens a step
     assert decided(max_length=2048).split.rows == 4

@@ -83,3 +83,48 @@ def test_rows_split_over_two_of_four_gpus_train_two_groups(tmp_path):
     assert summary["decisions"]["sequence_parallel"].endswith("2 data-parallel group(s)")
     probe = json.loads((tmp_path / "out" / "run" / "probe.json").read_text())
     assert probe["steps_per_epoch"] == 512 // 2  # two groups, one row each per step
+
+
+def _fa4_runs_here() -> bool:
+    from sft.settings_checks import flash_attention_4_installed
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and flash_attention_4_installed()
+
+
+@pytest.mark.skipif(not _fa4_runs_here(), reason="needs flash-attn-4 and a GPU of compute capability 9.0 or newer")
+def test_flash_attention_4_keeps_packed_sequences_apart():
+    """SFT_ATTENTION=flash_attention_4 on a packed row (TRL's padding-free collator):
+    each sequence's token losses equal those of the sequence alone under sdpa, and the same row with plain
+    positions (one long sequence) differs, so the comparison can fail."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    config = Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=128, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    sequences = [torch.randint(5, 1000, (n,)).tolist() for n in (170, 400, 93)]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": s} for s in sequences])
+
+    def losses(logits, ids):
+        return F.cross_entropy(logits[:-1].float(), ids[1:].cuda(), reduction="none")
+
+    with torch.no_grad():
+        model.set_attn_implementation("flash_attention_4")
+        # as SFTTrainer passes the collator's batch: position_ids and the varlen keys (cu_seq_lens_q/k,
+        # max_length_q/k: FlashAttention-4 takes the lengths as ints, not the tensors transformers would derive)
+        varlen = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.items() if k not in ("labels", "seq_idx")}
+        packed = model(**varlen, use_cache=False).logits[0]
+        leaked = model(input_ids=batch["input_ids"].cuda(), use_cache=False).logits[0]
+        model.set_attn_implementation("sdpa")
+        start = 0
+        for seq in sequences:
+            ids = torch.tensor(seq)
+            alone = model(input_ids=ids[None].cuda(), use_cache=False).logits[0]
+            got, want = losses(packed[start:start + len(seq)], ids), losses(alone, ids)
+            torch.testing.assert_close(got, want, rtol=0, atol=0.05)  # bf16 kernels of two libraries
+            if start:  # a later sequence, attending to the ones before it, drifts far beyond bf16's noise
+                drift = float((losses(leaked[start:start + len(seq)], ids) - want).abs().max())
+                assert drift > 0.2, drift
+            start += len(seq)

@@ -136,6 +136,18 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
     assert message in problem
 
 
+def test_flash_attention_4_is_refused_where_it_is_not_installed(isolated_env):
+    """This CPU machine has no flash-attn-4 (installed with CUDA builds of torch only, scripts/install-deps.sh)."""
+    from sft.settings_checks import flash_attention_4_installed
+
+    assert not flash_attention_4_installed()
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_ATTENTION": "flash_attention_4"})
+    assert any(p.startswith("SFT_ATTENTION='flash_attention_4': flash-attn-4 is not installed here (the image has "
+                            "it;") for p in e.value.problems), e.value.problems
+    assert from_env({"SFT_ATTENTION": "flex_attention"}).attention == "flex_attention"
+
+
 def test_liger_kernels_are_refused_with_a_compiled_model(isolated_env):
     """Compiled with Liger's kernels, the loss was NaN from the third step on an H200 (docs/speed.md)."""
     with pytest.raises(SettingsError) as e:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..planner.inputs import GPU, Machine, Ranks
-from ..settings_checks import liger_available
+from ..settings_checks import flash_attention_4_installed, liger_available
 from .launch import free_port
 
 ALLREDUCE_BYTES = 256 * 2**20
@@ -46,7 +46,8 @@ def measure(output_dir: str, nodes: int = 1) -> Facts:
     import torch
 
     machine = Machine(gpus=gpus(), host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
-                      liger_installed=liger_available(), nodes=nodes)
+                      liger_installed=liger_available(), flash_attention_4_installed=flash_attention_4_installed(),
+                      nodes=nodes)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
                  shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir))
 
@@ -69,7 +70,7 @@ def gpus() -> tuple[GPU, ...]:
     if not torch.cuda.is_available():
         return ()
     props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    return tuple(GPU(p.name, p.total_memory) for p in props)
+    return tuple(GPU(p.name, p.total_memory, (p.major, p.minor)) for p in props)
 
 
 def nvcc_version(path: str | None = None, cuda_home: str | None = None,

@@ -97,7 +97,7 @@ def decide(inputs: Inputs) -> Decision:
                      ds_config={}, split=None, searched=False, search=(), pin_memory=True,  # type: ignore[arg-type]
                      launcher=s.launcher, plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _split_rows(inputs, draft, splits, why_split)
-    attention, why_attention = rules.attention(s, ranks, d.sequence_parallel)
+    attention, why_attention = rules.attention(s, ranks, inputs.machine, d.sequence_parallel)
     d = _replace(d, attention=attention, reasons={**d.reasons, "attention": why_attention})
     if s.gradient_checkpointing == "auto" and not d.searched:
         d = _auto_checkpointing(inputs, d)

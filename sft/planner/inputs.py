@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 class GPU:
     name: str
     memory_bytes: int
+    capability: tuple[int, int] = (9, 0)  # CUDA compute capability (an H100/H200: 9.0)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Machine:
     host_memory_bytes: int | None = None  # available RAM (the container's limit, if lower)
     memlock_bytes: int | None = None  # soft `ulimit -l`; None: unlimited
     liger_installed: bool = False  # liger-kernel and Triton importable
+    flash_attention_4_installed: bool = False  # flash-attn-4 and the CuTe DSL importable
     nodes: int = 1
 
 

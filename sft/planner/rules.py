@@ -42,7 +42,22 @@ def precision(s: Settings, ranks: Ranks) -> tuple[bool, str]:
                                                  ", auto: bf16 on GPUs, fp32 on CPU")
 
 
-def attention(s: Settings, ranks: Ranks, split: int = 1) -> tuple[str, str]:
+# FlashAttention-4's CuTe kernels exist for Hopper (sm90) and Blackwell (sm100, sm120); measured on H200s
+FLASH_ATTENTION_4_CAPABILITY = (9, 0)
+
+
+def attention(s: Settings, ranks: Ranks, machine: Machine, split: int = 1) -> tuple[str, str]:
+    """The attention kernel (raises CannotRun for FlashAttention-4 where it cannot run)."""
+    if s.attention == "flash_attention_4":
+        old = [g.name for i, g in enumerate(machine.gpus) if i in ranks.gpus
+               and g.capability < FLASH_ATTENTION_4_CAPABILITY]
+        where = ("this machine has no GPU" if not ranks.on_gpu else
+                 f"{', '.join(sorted(set(old)))} is older than compute capability 9.0" if old else
+                 "flash-attn-4 is not installed here" if not machine.flash_attention_4_installed else "")
+        if where:
+            raise CannotRun(f"SFT_ATTENTION='flash_attention_4': {where}; FlashAttention-4 runs on GPUs of compute "
+                            "capability 9.0 or newer (H100, H200, B200) with flash-attn-4 installed (the image has "
+                            "it): use auto", exitcodes.BAD_SETTINGS)
     if s.attention != "auto":
         return s.attention, f"{s.attention} (SFT_ATTENTION)"
     if split > 1:
@@ -155,7 +170,7 @@ def _why_whole(s: Settings, ranks: Ranks, shape: ModelShape, degrees: tuple[int,
                 f"SFT_MAX_LENGTH={s.max_length} split over no number of this node's {ranks.count} GPUs")
     if s.packing:
         return "SFT_PACKING=true: a split row needs SFT_PACKING=false"
-    if s.attention in ("flex_attention", "eager"):
+    if s.attention not in ("auto", "sdpa"):
         return f"SFT_ATTENTION={s.attention}: a split row needs sdpa"
     return None
 
@@ -186,7 +201,7 @@ def sequence_parallel_problems(s: Settings) -> list[str]:
     needs = ["SFT_PACKING=false: Ulysses attention over sdpa drops the mask that keeps packed conversations apart, "
              "so they would attend to each other" if s.packing else "",
              f"SFT_ATTENTION=auto or sdpa: DeepSpeed's Ulysses wraps sdpa, not {s.attention}"
-             if s.attention in ("flex_attention", "eager") else "",
+             if s.attention not in ("auto", "sdpa") else "",
              f"an SFT_MAX_LENGTH that {n} divides: each GPU holds an equal share of a row" if s.max_length % n else ""]
     return [f"SFT_SEQUENCE_PARALLEL='{n}': needs {need}" for need in needs if need]
 
