@@ -84,6 +84,7 @@ CONFIGS = {
     "z2-plain": dict(zero_stage="2", zero={"overlap_comm": False, "contiguous_gradients": False}),
     "z2-nooverlap": dict(zero_stage="2", zero={"overlap_comm": False}),
     "fa4": dict(attention="flash_attention_4"),
+    "flex": dict(attention="flex_attention"),  # the defaults before auto chose FlashAttention-4 where installed
     "fa4-nocompile": dict(attention="flash_attention_4", compile="false"),
 }
 

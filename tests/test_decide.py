@@ -252,7 +252,37 @@ def test_flash_attention_4_where_it_runs_and_a_clear_refusal_where_it_cannot():
     # only the GPUs the job uses count: an old GPU beside a Hopper one, left out by SFT_GPUS
     mixed = dataclasses.replace(with_fa4, gpus=(a100.gpus[0], H200))
     assert decided(machine=mixed, attention="flash_attention_4", gpus="1").attention == "flash_attention_4"
-    assert decided(machine=with_fa4).attention == "flex_attention"  # auto is unchanged: FA4 is asked for
+    broken = dataclasses.replace(with_fa4, flash_attention_4_broken="ImportError: libcuda.so.1")
+    with pytest.raises(CannotRun, match=r"flash-attn-4 is installed but does not import \(ImportError: libcuda"):
+        decided(machine=broken, attention="flash_attention_4")
+    with pytest.raises(CannotRun, match="SFT_ATTENTION=flash_attention_4: a split row needs sdpa"):
+        decided(shape=Q8, machine=dataclasses.replace(EIGHT_H200, flash_attention_4_installed=True), max_length=MILLION,
+                packing=False, attention="flash_attention_4")
+
+
+def test_auto_attention_is_flash_attention_4_for_compiled_layers_up_to_the_rows_where_it_was_faster():
+    with_fa4 = dataclasses.replace(ONE_H200, flash_attention_4_installed=True)
+    d = decided(machine=with_fa4)
+    assert (d.attention, d.compile, d.stage.name) == ("flash_attention_4", True, "2")
+    assert d.reasons["attention"].startswith("flash_attention_4, auto: compiled layers")
+    assert decided(machine=with_fa4, max_length=8192).attention == "flash_attention_4"
+    ada = dataclasses.replace(with_fa4, gpus=(dataclasses.replace(H200, capability=(8, 9)),))  # fits compiled
+    broken = dataclasses.replace(with_fa4, flash_attention_4_broken="ImportError: libcuda.so.1")
+    for kwargs, why in ((dict(machine=ONE_H200), "flash-attn-4 is not installed"),
+                        (dict(machine=with_fa4, compile="false"), "the layers are not compiled"),
+                        (dict(machine=with_fa4, zero_stage="3"), "the layers are not compiled"),
+                        (dict(machine=ada), "a GPU is older than compute capability 9.0"),
+                        (dict(machine=broken), "flash-attn-4 does not import (ImportError: libcuda.so.1)"),
+                        (dict(machine=with_fa4, max_length=16384), "rows of 16,384 tokens, longer than the 8,192")):
+        d = decided(**kwargs)
+        assert d.attention == "flex_attention", kwargs
+        assert f"(not FlashAttention-4: {why}" in d.reasons["attention"], (kwargs, d.reasons["attention"])
+    # after running out of memory, the next stage (not compiled) takes flex attention with it: decided per stage
+    inputs = Inputs(Settings(gradient_checkpointing="false"), with_fa4, Q4)
+    d = decide.decide(inputs)
+    assert (d.attention, d.stage.name) == ("flash_attention_4", "2")
+    after, change = decide.escalate(inputs, d, "out of memory")
+    assert after is not None and not after.compile and after.attention == "flex_attention", (change, after.stage)
     with pytest.raises(CannotRun, match="SFT_ATTENTION=flash_attention_4: a split row needs sdpa"):
         decided(shape=Q8, machine=dataclasses.replace(EIGHT_H200, flash_attention_4_installed=True), max_length=MILLION,
                 packing=False, attention="flash_attention_4")

@@ -60,6 +60,10 @@ def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
     if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):  # unless the user pointed it elsewhere
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+    # FlashAttention-4 compiles its CuTe kernels at the first step, 25-36 s on an H200 (docs/speed.md); its
+    # own persistent cache is off unless asked for.
+    env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(cache / "flash-attention"))
     if ranks.on_gpu and s.launcher == "torchrun":
         # torchrun numbers the visible GPUs from 0; the deepspeed launcher sets this itself from --include.
         env["CUDA_VISIBLE_DEVICES"] = _visible_devices(ranks.gpus)

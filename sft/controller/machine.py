@@ -42,12 +42,15 @@ class Facts:
 
 
 def measure(output_dir: str, nodes: int = 1) -> Facts:
-    """Everything a start checks; cheap (no GPU work, no subprocess but nvcc --version)."""
+    """Everything a start checks; cheap (no GPU work; no subprocess but nvcc --version, and FlashAttention-4's
+    import where a GPU could run it)."""
     import torch
 
-    machine = Machine(gpus=gpus(), host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
-                      liger_installed=liger_available(), flash_attention_4_installed=flash_attention_4_installed(),
-                      nodes=nodes)
+    found, on = gpus(), flash_attention_4_installed()
+    broken = flash_attention_4_import_error() if on and any(g.capability >= (9, 0) for g in found) else ""
+    machine = Machine(gpus=found, host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
+                      liger_installed=liger_available(), flash_attention_4_installed=on,
+                      flash_attention_4_broken=broken, nodes=nodes)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
                  shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir))
 
@@ -71,6 +74,21 @@ def gpus() -> tuple[GPU, ...]:
         return ()
     props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
     return tuple(GPU(p.name, p.total_memory, (p.major, p.minor)) for p in props)
+
+
+def flash_attention_4_import_error(timeout_s: float = 120) -> str:
+    """Why flash-attn-4 does not import ("" where it does), in a child process: finding it (settings_checks)
+    cannot tell a missing CUDA library, which would otherwise fail every rank at its first step. A child, as
+    importing the CuTe DSL loads CUDA's libraries into the process (measured: docs/speed.md)."""
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", "import flash_attn.cute"], check=False, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"importing it took more than {timeout_s:.0f} s"
+    lines = done.stderr.strip().splitlines()
+    return "" if done.returncode == 0 else (lines[-1] if lines else f"exit code {done.returncode}")
 
 
 def nvcc_version(path: str | None = None, cuda_home: str | None = None,

@@ -91,14 +91,13 @@ def decide(inputs: Inputs) -> Decision:
     reasons = {"ranks": why_ranks}
     bf16, reasons["precision"] = rules.precision(s, ranks)
     splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
-    # a draft: _first_stage plans with its ranks and split, _at_stage compiles or not and Liger for each
-    # stage it tries; _with_stage fills the rest
+    rules.check_attention(s, ranks, inputs.machine)
+    # a draft: _first_stage plans with its ranks and split, _at_stage compiles or not, Liger and the attention
+    # kernel for each stage it tries; _with_stage fills the rest
     draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=False, compile=False, stage=stages.get("1"),
                      ds_config={}, split=None, searched=False, search=(), pin_memory=True,  # type: ignore[arg-type]
                      launcher=s.launcher, plan=None, row=None, reasons=reasons)  # type: ignore[arg-type]
     d = _split_rows(inputs, draft, splits, why_split)
-    attention, why_attention = rules.attention(s, ranks, inputs.machine, d.sequence_parallel)
-    d = _replace(d, attention=attention, reasons={**d.reasons, "attention": why_attention})
     if s.gradient_checkpointing == "auto" and not d.searched:
         d = _auto_checkpointing(inputs, d)
     elif not d.searched:
@@ -189,11 +188,13 @@ def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any],
 
 
 def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any]) -> Decision:
-    """d at this stage, its layers compiled or not and Liger's kernels on or off for it (rules.compile_model)."""
-    compiled, why_compile = rules.compile_model(inputs.settings, d.ranks, stage, d.sequence_parallel)
-    liger, why_liger = rules.liger(inputs.settings, d.ranks, inputs.machine, compiled)
-    return _replace(d, stage=stage, ds_config=config, compile=compiled, liger=liger,
-                    reasons={**d.reasons, "compile": why_compile, "liger": why_liger})
+    """d at this stage, its layers compiled or not, and Liger's kernels and the attention kernel for that."""
+    s, m = inputs.settings, inputs.machine
+    compiled, why_compile = rules.compile_model(s, d.ranks, stage, d.sequence_parallel)
+    liger, why_liger = rules.liger(s, d.ranks, m, compiled)
+    attention, why_attention = rules.attention(s, d.ranks, m, d.sequence_parallel, compiled)
+    return _replace(d, stage=stage, ds_config=config, compile=compiled, liger=liger, attention=attention,
+                    reasons={**d.reasons, "compile": why_compile, "liger": why_liger, "attention": why_attention})
 
 
 def _fitting_level(inputs: Inputs, d: Decision) -> Split | None:

@@ -30,7 +30,8 @@ class Machine:
     host_memory_bytes: int | None = None  # available RAM (the container's limit, if lower)
     memlock_bytes: int | None = None  # soft `ulimit -l`; None: unlimited
     liger_installed: bool = False  # liger-kernel and Triton importable
-    flash_attention_4_installed: bool = False  # flash-attn-4 and the CuTe DSL importable
+    flash_attention_4_installed: bool = False  # flash-attn-4 and the CuTe DSL installed
+    flash_attention_4_broken: str = ""  # installed, but importing it failed: the error
     nodes: int = 1
 
 

@@ -44,28 +44,52 @@ def precision(s: Settings, ranks: Ranks) -> tuple[bool, str]:
 
 # FlashAttention-4's CuTe kernels exist for Hopper (sm90) and Blackwell (sm100, sm120); measured on H200s
 FLASH_ATTENTION_4_CAPABILITY = (9, 0)
+# The longest rows auto gives FlashAttention-4 (compiled layers): on an H200 (docs/speed.md) it trained 9-10%
+# faster than compiled flex attention at rows of 2,048 and 8,192 tokens, 19% slower at 16,384 and 12% at 65,536.
+FLASH_ATTENTION_4_MAX_LENGTH = 8192
 
 
-def attention(s: Settings, ranks: Ranks, machine: Machine, split: int = 1) -> tuple[str, str]:
-    """The attention kernel (raises CannotRun for FlashAttention-4 where it cannot run)."""
-    if s.attention == "flash_attention_4":
-        old = [g.name for i, g in enumerate(machine.gpus) if i in ranks.gpus
-               and g.capability < FLASH_ATTENTION_4_CAPABILITY]
-        where = ("this machine has no GPU" if not ranks.on_gpu else
-                 f"{', '.join(sorted(set(old)))} is older than compute capability 9.0" if old else
-                 "flash-attn-4 is not installed here" if not machine.flash_attention_4_installed else "")
-        if where:
-            raise CannotRun(f"SFT_ATTENTION='flash_attention_4': {where}; FlashAttention-4 runs on GPUs of compute "
-                            "capability 9.0 or newer (H100, H200, B200) with flash-attn-4 installed (the image has "
-                            "it): use auto", exitcodes.BAD_SETTINGS)
+def check_attention(s: Settings, ranks: Ranks, machine: Machine) -> None:
+    """SFT_ATTENTION=flash_attention_4 where it cannot run: refused (CannotRun) with what would be right."""
+    if s.attention != "flash_attention_4":
+        return
+    old = [g.name for i, g in enumerate(machine.gpus)
+           if i in ranks.gpus and g.capability < FLASH_ATTENTION_4_CAPABILITY]
+    where = ("this machine has no GPU" if not ranks.on_gpu else
+             f"{', '.join(sorted(set(old)))} is older than compute capability 9.0" if old else
+             "flash-attn-4 is not installed here" if not machine.flash_attention_4_installed else
+             f"flash-attn-4 is installed but does not import ({machine.flash_attention_4_broken})"
+             if machine.flash_attention_4_broken else "")
+    if where:
+        raise CannotRun(f"SFT_ATTENTION='flash_attention_4': {where}; FlashAttention-4 runs on GPUs of compute "
+                        "capability 9.0 or newer (H100, H200, B200) with flash-attn-4 installed (the image has "
+                        "it): use auto", exitcodes.BAD_SETTINGS)
+
+
+def attention(s: Settings, ranks: Ranks, machine: Machine, split: int = 1, compiled: bool = False) -> tuple[str, str]:
+    """The attention kernel, for layers compiled or not (check_attention has refused what cannot run)."""
     if s.attention != "auto":
         return s.attention, f"{s.attention} (SFT_ATTENTION)"
     if split > 1:
         return "sdpa", "sdpa, auto with rows split over GPUs: DeepSpeed's Ulysses wraps sdpa, not flex attention"
-    if ranks.on_gpu:
-        return "flex_attention", ("flex_attention, auto on GPUs: its block mask skips the other sequences of a "
-                                  "packed row")
-    return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
+    if not ranks.on_gpu:
+        return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
+    capable = all(machine.gpus[g].capability >= FLASH_ATTENTION_4_CAPABILITY for g in ranks.gpus)
+    why_not = ("the layers are not compiled (uncompiled, FlashAttention-4 trained at half the speed)" if not compiled
+               else "a GPU is older than compute capability 9.0" if not capable
+               else "flash-attn-4 is not installed" if not machine.flash_attention_4_installed
+               else f"flash-attn-4 does not import ({machine.flash_attention_4_broken})"
+               if machine.flash_attention_4_broken
+               else f"rows of {s.max_length:,} tokens, longer than the {FLASH_ATTENTION_4_MAX_LENGTH:,} where it "
+                    "was measured faster" if s.max_length > FLASH_ATTENTION_4_MAX_LENGTH else "")
+    if not why_not:
+        return "flash_attention_4", (
+            "flash_attention_4, auto: compiled layers on GPUs of compute capability 9.0+ with flash-attn-4, rows "
+            f"up to {FLASH_ATTENTION_4_MAX_LENGTH:,} tokens (each packed sequence attends to itself; on an H200 "
+            "9-10% faster than compiled flex attention, the same loss; its kernels compile at the first step and "
+            "are cached in the output folder)")
+    return "flex_attention", ("flex_attention, auto on GPUs: its block mask skips the other sequences of a packed "
+                              f"row (not FlashAttention-4: {why_not})")
 
 
 def batch_split(s: Settings, record: CheckpointRecord | None, on_gpu: bool,
