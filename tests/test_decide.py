@@ -268,11 +268,12 @@ def test_auto_attention_is_flash_attention_4_for_compiled_layers_up_to_the_rows_
     assert decided(machine=with_fa4, max_length=8192).attention == "flash_attention_4"
     ada = dataclasses.replace(with_fa4, gpus=(dataclasses.replace(H200, capability=(8, 9)),))  # fits compiled
     broken = dataclasses.replace(with_fa4, flash_attention_4_broken="ImportError: libcuda.so.1")
-    for kwargs, why in ((dict(machine=ONE_H200), "flash-attn-4 is not installed"),
+    for kwargs, why in ((dict(machine=ONE_H200), "flash-attn-4 is not installed here"),
                         (dict(machine=with_fa4, compile="false"), "the layers are not compiled"),
                         (dict(machine=with_fa4, zero_stage="3"), "the layers are not compiled"),
-                        (dict(machine=ada), "a GPU is older than compute capability 9.0"),
-                        (dict(machine=broken), "flash-attn-4 does not import (ImportError: libcuda.so.1)"),
+                        (dict(machine=ada), "NVIDIA H200 is older than compute capability 9.0"),
+                        (dict(machine=broken),
+                         "flash-attn-4 is installed but does not import (ImportError: libcuda.so.1)"),
                         (dict(machine=with_fa4, max_length=16384), "rows of 16,384 tokens, longer than the 8,192")):
         d = decided(**kwargs)
         assert d.attention == "flex_attention", kwargs

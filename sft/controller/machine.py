@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..planner.inputs import GPU, Machine, Ranks
+from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
 from ..settings_checks import flash_attention_4_installed, liger_available
 from .launch import free_port
 
@@ -47,7 +48,8 @@ def measure(output_dir: str, nodes: int = 1) -> Facts:
     import torch
 
     found, on = gpus(), flash_attention_4_installed()
-    broken = flash_attention_4_import_error() if on and any(g.capability >= (9, 0) for g in found) else ""
+    could_run = on and any(g.capability >= FLASH_ATTENTION_4_CAPABILITY for g in found)
+    broken = flash_attention_4_import_error() if could_run else ""
     machine = Machine(gpus=found, host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
                       liger_installed=liger_available(), flash_attention_4_installed=on,
                       flash_attention_4_broken=broken, nodes=nodes)

@@ -51,19 +51,21 @@ FLASH_ATTENTION_4_MAX_LENGTH = 8192
 
 def check_attention(s: Settings, ranks: Ranks, machine: Machine) -> None:
     """SFT_ATTENTION=flash_attention_4 where it cannot run: refused (CannotRun) with what would be right."""
-    if s.attention != "flash_attention_4":
-        return
-    old = [g.name for i, g in enumerate(machine.gpus)
-           if i in ranks.gpus and g.capability < FLASH_ATTENTION_4_CAPABILITY]
-    where = ("this machine has no GPU" if not ranks.on_gpu else
-             f"{', '.join(sorted(set(old)))} is older than compute capability 9.0" if old else
-             "flash-attn-4 is not installed here" if not machine.flash_attention_4_installed else
-             f"flash-attn-4 is installed but does not import ({machine.flash_attention_4_broken})"
-             if machine.flash_attention_4_broken else "")
-    if where:
+    if s.attention == "flash_attention_4" and (where := flash_attention_4_missing(ranks, machine)):
         raise CannotRun(f"SFT_ATTENTION='flash_attention_4': {where}; FlashAttention-4 runs on GPUs of compute "
                         "capability 9.0 or newer (H100, H200, B200) with flash-attn-4 installed (the image has "
                         "it): use auto", exitcodes.BAD_SETTINGS)
+
+
+def flash_attention_4_missing(ranks: Ranks, machine: Machine) -> str:
+    """What FlashAttention-4 lacks on these ranks ("": nothing): asked for, a refusal; under auto, flex's reason."""
+    old = [g.name for i, g in enumerate(machine.gpus)
+           if i in ranks.gpus and g.capability < FLASH_ATTENTION_4_CAPABILITY]
+    return ("this machine has no GPU" if not ranks.on_gpu else
+            f"{', '.join(sorted(set(old)))} is older than compute capability 9.0" if old else
+            "flash-attn-4 is not installed here" if not machine.flash_attention_4_installed else
+            f"flash-attn-4 is installed but does not import ({machine.flash_attention_4_broken})"
+            if machine.flash_attention_4_broken else "")
 
 
 def attention(s: Settings, ranks: Ranks, machine: Machine, split: int = 1, compiled: bool = False) -> tuple[str, str]:
@@ -74,14 +76,10 @@ def attention(s: Settings, ranks: Ranks, machine: Machine, split: int = 1, compi
         return "sdpa", "sdpa, auto with rows split over GPUs: DeepSpeed's Ulysses wraps sdpa, not flex attention"
     if not ranks.on_gpu:
         return "sdpa", "sdpa, auto on CPU: flex attention has no fast CPU kernel"
-    capable = all(machine.gpus[g].capability >= FLASH_ATTENTION_4_CAPABILITY for g in ranks.gpus)
+    too_long = (f"rows of {s.max_length:,} tokens, longer than the {FLASH_ATTENTION_4_MAX_LENGTH:,} where it was "
+                "measured faster" if s.max_length > FLASH_ATTENTION_4_MAX_LENGTH else "")
     why_not = ("the layers are not compiled (uncompiled, FlashAttention-4 trained at half the speed)" if not compiled
-               else "a GPU is older than compute capability 9.0" if not capable
-               else "flash-attn-4 is not installed" if not machine.flash_attention_4_installed
-               else f"flash-attn-4 does not import ({machine.flash_attention_4_broken})"
-               if machine.flash_attention_4_broken
-               else f"rows of {s.max_length:,} tokens, longer than the {FLASH_ATTENTION_4_MAX_LENGTH:,} where it "
-                    "was measured faster" if s.max_length > FLASH_ATTENTION_4_MAX_LENGTH else "")
+               else flash_attention_4_missing(ranks, machine) or too_long)
     if not why_not:
         return "flash_attention_4", (
             "flash_attention_4, auto: compiled layers on GPUs of compute capability 9.0+ with flash-attn-4, rows "
