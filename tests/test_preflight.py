@@ -1,9 +1,11 @@
 """Preflight on CPU: each measurement on this machine, each check handed a machine that fails it, and its message."""
 
+import dataclasses
 import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -269,6 +271,28 @@ def test_preflight_of_this_machine_for_a_run_that_offloads(tmp_path):
     text = pf.format_checks(checks)
     assert len(text.splitlines()) == len(checks)
     assert text.splitlines()[6].startswith("[ok  ] disk         ")
+
+
+def test_the_import_check_runs_in_a_child_beside_the_job_and_reports_why_it_failed(tmp_path, monkeypatch):
+    """FlashAttention-4's import check (a real child process): started by measure, read by settled."""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(30)\n")
+    (tmp_path / "broken_install.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    began = time.monotonic()
+    fine, slow = m.ImportCheck.start("json"), m.ImportCheck.start("slow_to_import", timeout_s=3)
+    broken, missing = m.ImportCheck.start("broken_install"), m.ImportCheck.start("no_such_module_here")
+    assert time.monotonic() - began < 2  # started, not waited for
+    assert fine.error() == ""
+    assert broken.error() == "ImportError: libcuda.so.1: cannot open shared object file"
+    assert missing.error() == "ModuleNotFoundError: No module named 'no_such_module_here'"
+    assert slow.error() == "importing slow_to_import took more than 3 s" and slow.child.returncode is not None
+    assert time.monotonic() - began < 25  # the slow one was stopped at its limit, not waited out
+
+    facts = m.measure(str(tmp_path / "out"))  # CPU: no GPU could run FlashAttention-4, so nothing is started
+    assert facts.import_check is None and m.settled(facts) is facts
+    pending = dataclasses.replace(facts, import_check=m.ImportCheck.start("broken_install"))
+    done = m.settled(pending)
+    assert done.import_check is None and done.machine.flash_attention_4_broken.startswith("ImportError: libcuda")
 
 
 def test_a_machine_that_fails_several_checks_at_once():

@@ -34,7 +34,7 @@ def run(s: Settings, probe_only: bool = False) -> int:
     """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says."""
     started_at = time.time()
     where = nodes.from_env(os.environ)
-    facts = machine.measure(s.output_dir, where.nnodes)
+    facts = machine.measure(s.output_dir, where.nnodes, s.attention)
     try:
         ranks, _ = rules.choose_ranks(s, facts.machine)
         team = coordinate.join(s, where, ranks)
@@ -120,6 +120,7 @@ class Job:
             return self._unwritable(e)
         self.summary.resumed_from = str(resume) if resume else None
         try:
+            self.facts = machine.settled(self.facts)  # FlashAttention-4's import check, run meanwhile
             given = inputs.read(self.s, self.facts.machine, resume, self.data.facts)
             d = self._decided(decide.decide(given))
             self.runner.overheads = budget.overheads(given.shape.total_params, self.target is not None)

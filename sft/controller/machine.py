@@ -40,21 +40,31 @@ class Facts:
     topology: str | None = None  # `nvidia-smi topo -m`, with several GPUs
     allreduce_gbps: float | None = None
     allreduce_error: str | None = "not measured"
+    import_check: ImportCheck | None = None  # FlashAttention-4's, running: `settled` reads it into machine
 
 
-def measure(output_dir: str, nodes: int = 1) -> Facts:
+def measure(output_dir: str, nodes: int = 1, attention: str = "auto") -> Facts:
     """Everything a start checks; cheap (no GPU work; no subprocess but nvcc --version, and FlashAttention-4's
-    import where a GPU could run it)."""
+    import where a GPU could run it and SFT_ATTENTION allows it, started here in the background: `settled`
+    waits for it, once the Hub and the data are checked)."""
     import torch
 
     found, on = gpus(), flash_attention_4_installed()
-    could_run = on and any(g.capability >= FLASH_ATTENTION_4_CAPABILITY for g in found)
-    broken = flash_attention_4_import_error() if could_run else ""
+    could_run = (on and attention in ("auto", "flash_attention_4")
+                 and any(g.capability >= FLASH_ATTENTION_4_CAPABILITY for g in found))
     machine = Machine(gpus=found, host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
-                      liger_installed=liger_available(), flash_attention_4_installed=on,
-                      flash_attention_4_broken=broken, nodes=nodes)
+                      liger_installed=liger_available(), flash_attention_4_installed=on, nodes=nodes)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
-                 shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir))
+                 shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir),
+                 import_check=ImportCheck.start("flash_attn.cute") if could_run else None)
+
+
+def settled(facts: Facts) -> Facts:
+    """The facts with FlashAttention-4's import check (if measure started one) finished: what decide reads."""
+    if facts.import_check is None:
+        return facts
+    broken = facts.import_check.error()
+    return replace(facts, machine=replace(facts.machine, flash_attention_4_broken=broken), import_check=None)
 
 
 def measure_links(facts: Facts, ranks: Ranks) -> Facts:
@@ -78,19 +88,33 @@ def gpus() -> tuple[GPU, ...]:
     return tuple(GPU(p.name, p.total_memory, (p.major, p.minor)) for p in props)
 
 
-def flash_attention_4_import_error(timeout_s: float = 120) -> str:
-    """Why flash-attn-4 does not import ("" where it does), in a child process: finding it (settings_checks)
-    cannot tell a missing CUDA library, which would otherwise fail every rank at its first step. A child, as
-    importing the CuTe DSL loads CUDA's libraries into the process (measured: docs/speed.md)."""
-    import sys
+class ImportCheck:
+    """`import MODULE` tried in a child process, started at once and read later (`error`): finding flash-attn-4
+    (settings_checks) cannot tell a missing CUDA library, which would otherwise fail every rank at its first
+    step. A child, as importing the CuTe DSL loads CUDA's libraries into the process; in the background, as it
+    took 11-12 s on an H200 (docs/speed.md), time the Hub and data checks now hide."""
 
-    try:
-        done = subprocess.run([sys.executable, "-c", "import flash_attn.cute"], check=False, capture_output=True,
-                              text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"importing it took more than {timeout_s:.0f} s"
-    lines = done.stderr.strip().splitlines()
-    return "" if done.returncode == 0 else (lines[-1] if lines else f"exit code {done.returncode}")
+    def __init__(self, module: str, child: subprocess.Popen, began: float, timeout_s: float):
+        self.module, self.child, self.began, self.timeout_s = module, child, began, timeout_s
+
+    @classmethod
+    def start(cls, module: str, timeout_s: float = 120) -> ImportCheck:
+        import sys
+
+        child = subprocess.Popen([sys.executable, "-c", f"import {module}"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return cls(module, child, time.monotonic(), timeout_s)
+
+    def error(self) -> str:
+        """Why the import failed ("" where it worked); waits for the child, up to timeout_s from its start."""
+        try:
+            _, stderr = self.child.communicate(timeout=max(self.began + self.timeout_s - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.communicate()
+            return f"importing {self.module} took more than {self.timeout_s:.0f} s"
+        lines = (stderr or "").strip().splitlines()
+        return "" if self.child.returncode == 0 else (lines[-1] if lines else f"exit code {self.child.returncode}")
 
 
 def nvcc_version(path: str | None = None, cuda_home: str | None = None,
