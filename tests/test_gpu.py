@@ -128,3 +128,15 @@ def test_flash_attention_4_keeps_packed_sequences_apart():
                 drift = float((losses(leaked[start:start + len(seq)], ids) - want).abs().max())
                 assert drift > 0.2, drift
             start += len(seq)
+
+    # compiled layers, as the job runs them (upstream.flash_attention_4_outside_compile): the same packed losses
+    from sft.ranks import upstream
+
+    upstream.flash_attention_4_outside_compile()
+    model.set_attn_implementation("flash_attention_4")
+    for layer in model.model.layers:
+        layer.compile()
+    with torch.no_grad():
+        compiled = model(**varlen, use_cache=False).logits[0]
+    torch.testing.assert_close(losses(compiled, batch["input_ids"][0]), losses(packed, batch["input_ids"][0]),
+                               rtol=0, atol=0.05)

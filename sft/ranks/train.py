@@ -91,6 +91,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         upstream.gradient_norm_in_fp32()
     if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)
         upstream.flex_block_mask_uncompiled()
+    if spec.attention == "flash_attention_4" and spec.compile:  # its interface is not traceable (upstream.py)
+        upstream.flash_attention_4_outside_compile()
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.

@@ -105,6 +105,22 @@ def flex_block_mask_uncompiled() -> None:
     mu.AttentionMaskInterface.register("flex_attention", flex_attention_mask)
 
 
+def flash_attention_4_outside_compile() -> None:
+    """Under torch.compile, Dynamo traces into Transformers 5.24's FlashAttention-4 forward and flash-attn-4
+    4.0.0b36's Python interface, which break its graph several times and guard on what changes from layer to
+    layer and batch to batch (`module.layer_idx`, the packed sequences' count, their longest length): it
+    recompiled each layer until its recompile limit (8) and left the later layers' frames uncompiled. The
+    attention call is a CuTe kernel either way, so it is run as it is, outside the compiled graph, which
+    breaks there once. On an H200 (2026-12-03, Qwen3-4B shape, 2,048-token rows) the first run's warm-up fell
+    from 47.4 s to 32.4 s and start to first step from 71.3 s to 57.5 s, the steady rate unchanged (17,365
+    against 17,480 tokens/s; the same losses); docs/speed.md. Registered for "flash_attention_4" through
+    Transformers' AttentionInterface; remove when flash-attn-4 registers its kernels as torch custom ops."""
+    from transformers.integrations.flash_attention import flash_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register("flash_attention_4", torch.compiler.disable(flash_attention_forward))
+
+
 def gradient_norm_in_fp32() -> None:
     """DeepSpeed 0.19.8's ZeRO-1/2 gradient norm (`get_grad_norm_direct`, each step, for clipping and the logged
     grad_norm) copies each gradient to fp64 and takes its norm, one parameter at a time: 398 copies and norms for
