@@ -92,7 +92,7 @@ class ImportCheck:
     """`import MODULE` tried in a child process, started at once and read later (`error`): finding flash-attn-4
     (settings_checks) cannot tell a missing CUDA library, which would otherwise fail every rank at its first
     step. A child, as importing the CuTe DSL loads CUDA's libraries into the process; in the background, as it
-    took 11-12 s on an H200 (docs/speed.md), time the Hub and data checks now hide."""
+    took 11-14 s on an H200 (docs/speed.md), time the Hub and data checks now hide."""
 
     def __init__(self, module: str, child: subprocess.Popen, began: float, timeout_s: float):
         self.module, self.child, self.began, self.timeout_s = module, child, began, timeout_s
