@@ -151,6 +151,7 @@ class DataPlan(Record):
     loss_on: str = "all"  # all, assistant, completion
     seed: int = 42  # draws the mixture and the held-out rows
     dropped: list[int] = field(default_factory=list)  # SFT_LONG_ROWS=drop: training rows left out, by position
+    processes: int = 1  # processes that tokenise and pack the rows (TRL's dataset_num_proc; data/tokens.py)
 
     @property
     def evaluates(self) -> bool:

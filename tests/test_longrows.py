@@ -4,6 +4,7 @@ refused with exit 2 before anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -116,3 +117,20 @@ def test_a_large_dataset_is_counted_by_forked_processes_as_by_one(tmp_path, leng
     s, found = read(tmp_path)
     labeller = Labeller(AutoTokenizer.from_pretrained(DEMO_MODEL), "all", LENGTH)
     assert longrows.measure(found.train, labeller, processes=3) == longrows.measure(found.train, labeller) == lengths
+
+
+def test_the_rows_set_how_many_processes_prepare_them():
+    """One per 1,000 rows begun, at most 16; never the machine's cores (the packed rows depend on it)."""
+    from sft.data.tokens import processes
+
+    rows = (0, 512, 1_000, 1_001, 2_048, 15_806, 16_001, 1_000_000)
+    assert [processes(n) for n in rows] == [1, 1, 1, 2, 3, 16, 16, 16]
+
+
+def test_the_data_plan_carries_the_processes_to_the_ranks(tmp_path):
+    """The controller's count and the ranks' preparation take the same number, decided once from the rows."""
+    s, found = read(tmp_path)
+    plan, _ = data_rules.plan(s, found.facts)
+    assert found.facts.rows == 512 and plan.processes == 1
+    plan, _ = data_rules.plan(s, dataclasses.replace(found.facts, rows=15_806))
+    assert plan.processes == 16

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -255,7 +256,7 @@ def test_config_prints_the_deepspeed_json_with_autos_filled(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name", ["report_to", "logging_first_step", "output_dir", "deepspeed"])
+@pytest.mark.parametrize("name", ["report_to", "logging_first_step", "output_dir", "deepspeed", "dataset_num_proc"])
 def test_trainer_args_the_job_sets_are_refused(isolated_env, name):
     """Before: report_to and logging_first_step passed here, then every rank died with "got multiple values"."""
     with pytest.raises(SettingsError, match=f"{name} is set by the job"):
@@ -265,7 +266,7 @@ def test_trainer_args_the_job_sets_are_refused(isolated_env, name):
 def test_every_argument_the_job_sets_is_owned():
     """The list settings refuses is the list the ranks set: one cannot grow without the other."""
     from sft.handoff import CheckpointRecord, DataPlan, DataSource, RunSpec
-    from sft.ranks.trainer import OWNED_ARGS, job_arguments
+    from sft.ranks.trainer import OWNED_ARGS, job_arguments, trainer_arguments
 
     spec = RunSpec(mode="train", model="m", data=DataPlan([DataSource("d")], eval_fraction=0.1, eval_steps=5,
                                                           loss_on="assistant"), max_length=8, packing=True,
@@ -278,6 +279,9 @@ def test_every_argument_the_job_sets_is_owned():
     assert set(job_arguments(spec, on_gpu=False)) <= set(OWNED_ARGS)
     assert job_arguments(spec, on_gpu=False)["parallelism_config"] is None  # one GPU a row: no split
     assert job_arguments(spec, on_gpu=False)["pad_to_multiple_of"] == "auto"  # TRL's own default
+    assert job_arguments(spec, on_gpu=False)["dataset_num_proc"] is None  # one process: TRL's default
+    spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, processes=3))
+    assert trainer_arguments(spec, on_gpu=False).dataset_num_proc == 3  # what TRL's map takes
 
 
 @pytest.mark.parametrize("tracker", ["wandb", "mlflow"])

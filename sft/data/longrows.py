@@ -11,7 +11,6 @@ ranks draw them (DataPlan.dropped), so the ranks count nothing again. Error: the
 from __future__ import annotations
 
 import multiprocessing
-import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +64,6 @@ class LongRows:
         return asdict(self)
 
 
-PARALLEL_FROM = 20_000  # rows from which the count takes every CPU core (below, one process is as fast)
 SPAN = 2_048  # rows a worker tokenises at a time
 _WORK: tuple[Dataset, Labeller] | None = None  # what forked workers read (set just before the fork)
 
@@ -74,11 +72,14 @@ def measure(dataset: Dataset, labeller: Labeller, processes: int | None = None) 
     """Every row's tokens before truncation, a chunk at a time (nothing cached next to the data).
 
     TRL's preparation is one process (and the chat template's rendering is Python): 100,000 short conversations
-    took about 2 minutes of one busy core here, before any rank starts. So a large dataset is counted by one
-    forked process per core the job may use; forked, so the tokenizer and the rows are inherited, not pickled."""
+    took about 2 minutes of one busy core here, before any rank starts. So the rows are counted by as many
+    forked processes as the ranks prepare them with (tokens.processes); forked, so the tokenizer and the rows
+    are inherited, not pickled."""
+    from .tokens import processes as preparing
+
     global _WORK
     rows = len(dataset)
-    cores = processes or (len(os.sched_getaffinity(0)) if rows >= PARALLEL_FROM else 1)
+    cores = processes or preparing(rows)
     if cores <= 1:
         return [n for span in checks.chunks(rows) for n in _lengths(dataset, labeller, span)]
     size = max(1, min(SPAN, -(-rows // cores)))  # at least one span per core

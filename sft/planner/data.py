@@ -8,6 +8,7 @@ import dataclasses
 
 from .. import exitcodes
 from ..data.entries import parse
+from ..data.tokens import processes
 from ..handoff import DataPlan, DataSource
 from ..settings import Settings
 from .inputs import CannotRun, DataFacts
@@ -19,7 +20,7 @@ def plan(s: Settings, facts: DataFacts) -> tuple[DataPlan, dict[str, str]]:
     _, fraction, why_eval = evaluation(s, list(facts.train))
     every, why_every = eval_every(s, bool(facts.eval) or fraction > 0)
     data = DataPlan(train=list(facts.train), eval=list(facts.eval), eval_fraction=fraction, eval_steps=every,
-                    loss_on=loss, seed=s.seed, dropped=list(facts.dropped))
+                    loss_on=loss, seed=s.seed, dropped=list(facts.dropped), processes=processes(facts.rows))
     return data, {"loss": why_loss, "evaluation": why_eval + (f"; {why_every}" if why_every else "")}
 
 

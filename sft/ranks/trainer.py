@@ -32,6 +32,7 @@ OWNED_ARGS = {
     "seed": "SFT_SEED", "data_seed": "SFT_SEED", "report_to": "SFT_REPORT_TO", "run_name": "SFT_RUN_NAME",
     "ddp_timeout": "SFT_NODE_TIMEOUT_SECONDS", "use_liger_kernel": "SFT_LIGER_KERNELS",
     "torch_compile": "SFT_COMPILE",
+    "dataset_num_proc": "the job (a process per 1,000 rows, at most 16: the packed rows depend on it)",
     "logging_nan_inf_filter": "the job (a loss that is not finite stops the run)",
     "model_init_kwargs": "SFT_PRECISION and SFT_ATTENTION",
     "accelerator_config": "the job (the ranks' process group)",
@@ -94,6 +95,7 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         assistant_only_loss=data.loss_on == "assistant",  # TRL masks all but the assistant's turns
         completion_only_loss=data.loss_on == "completion",  # TRL masks the prompt
         chat_template_path=spec.chat_template,
+        dataset_num_proc=data.processes if data.processes > 1 else None,  # TRL's default: one process
         # the probe times evaluation on a few batches itself (ranks/evaluation.py), apart from its steps
         eval_strategy="steps" if data.evaluates and not probe else "no",
         eval_steps=data.eval_steps,
