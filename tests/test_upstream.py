@@ -79,3 +79,26 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
     assert result["job"] == pytest.approx(result["deepspeed"], rel=1e-5)
     assert result["deepspeed"][1] != pytest.approx(result["deepspeed"][0], rel=1e-3)  # steps differ
     assert result["job_nan"] == result["deepspeed_nan"] == [float("inf")]  # what the ranks stop on
+
+
+def test_checkpoints_without_crc32_load_as_before(tmp_path):
+    """The switch is torch's: records written without their CRC32 (the zip's field is 0), read back the same by
+    torch.load, as a resume reads DeepSpeed's files (the job tests resume from such checkpoints on CPU ranks)."""
+    import zipfile
+
+    from sft.ranks import upstream
+    from torch.utils.serialization import config
+
+    state = {"fp32": torch.randn(1000, 64), "step": 7, "nested": {"exp_avg": torch.randn(3, 5)}}
+    torch.save(state, tmp_path / "with.pt")
+    try:
+        upstream.checkpoints_without_crc32()
+        torch.save(state, tmp_path / "without.pt")
+    finally:
+        config.save.compute_crc32 = True
+    crcs = {name: [i.CRC for i in zipfile.ZipFile(tmp_path / name).infolist() if i.file_size]
+            for name in ("with.pt", "without.pt")}
+    assert all(crcs["with.pt"]) and not any(crcs["without.pt"])
+    loaded = torch.load(tmp_path / "without.pt", weights_only=False)
+    assert loaded["step"] == 7 and torch.equal(loaded["fp32"], state["fp32"])
+    assert torch.equal(loaded["nested"]["exp_avg"], state["nested"]["exp_avg"])

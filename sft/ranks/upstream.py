@@ -158,3 +158,15 @@ def gradient_norm_in_fp32() -> None:
 
     get_grad_norm_direct.in_fp32 = True
     zero.DeepSpeedZeroOptimizer.get_grad_norm_direct = get_grad_norm_direct
+
+
+def checkpoints_without_crc32() -> None:
+    """torch.save, as DeepSpeed's checkpoint engine calls it, without a CRC32 of each record (torch's own switch,
+    torch.utils.serialization.config.save.compute_crc32, on by default for zip tools). One H200's Qwen3-4B
+    checkpoint (65 GB: ZeRO-2's fp32 weights and Adam state, the bf16 weights) took 95 s to write to a tmpfs, as
+    long as 200 of its steps (docs/speed.md, 2026-12-03), and the checksum is one more pass over every byte on one
+    core. torch.load reads such files as before (it does not check the CRC); `unzip -t` calls them corrupt. The
+    Hub upload hashes each file itself. Remove it if torch turns the checksum off by default."""
+    from torch.utils.serialization import config
+
+    config.save.compute_crc32 = False
