@@ -116,6 +116,27 @@ def test_budget_gate(budget, verdict, max_steps, fits):
 
 
 def test_steps_that_fit_count_whole_saves():
-    # 450 steps: 1,620 s + 4 saves of 36 s + 360 s = 2,124 s; the 500th step brings the 5th save
-    assert steps_that_fit(RUN, 2124) == 450 and steps_that_fit(RUN, 2123.9) == 449
+    # 440 steps: 1,584 s + 5 saves of 36 s (at 100, 200, 300, 400, and the Trainer's at the last step) + 360 s =
+    # 2,124 s; 400 steps end on a save of their own (4 saves). Before, the last step's save was not counted.
+    assert steps_that_fit(RUN, 2124) == 440 and steps_that_fit(RUN, 2123.9) == 439
+    assert RUN.saves(440) == 5 and RUN.saves(400) == 4 and RUN.saves() == 10 and RUN.saves(0) == 0
     assert steps_that_fit(RUN, 100) == 0
+
+
+@pytest.mark.parametrize("stage, bytes_per_param", [("2", 16), ("3", 14)])
+def test_the_projection_and_the_time_limit_size_a_checkpoint_as_preflight_does(stage, bytes_per_param):
+    """From the decision's stage, precision and optimizer, as preflight sizes the disk. Before, the budget and the
+    time limit took the seed's ZeRO-3 size (14 bytes/param) for every run: 56.3 GB for a Qwen3-4B ZeRO-2
+    checkpoint that measured 65.1 GB on an H200, while preflight asked room for 64.4 GB."""
+    from sft.controller import budget, preflight
+    from sft.planner.deadline import ASSUMED_SAVE_BYTES_PER_S
+    from test_decide import Q4, decided
+
+    d = decided(zero_stage=stage)
+    checkpoint, final = budget.sizes(d, Q4.total_params, {})
+    needs = preflight.Needs.of(d, Q4.total_params, 2)
+    assert checkpoint == round(needs.checkpoint_bytes_per_param * Q4.total_params) == bytes_per_param * Q4.total_params
+    assert final == 2 * Q4.total_params  # the bf16 model in final/
+    assert budget.overheads(d, Q4.total_params, {}, uploads=False).save_seconds == checkpoint / ASSUMED_SAVE_BYTES_PER_S
+    adafactor = budget.sizes(d, Q4.total_params, {"optim": "adafactor"})[0]  # no optimizer state to save
+    assert adafactor == (bytes_per_param - 8) * Q4.total_params

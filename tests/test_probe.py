@@ -70,3 +70,37 @@ def test_a_recompiling_step_is_a_stall_not_the_steady_rate():
     # without the stall, nothing is set apart
     smooth = probe.steady_rates(steps[:26])
     assert "stall_seconds" not in smooth and abs(smooth["seconds_per_step"] - rates["seconds_per_step"]) < 0.001
+
+
+def one_epoch(save_steps: int, save_seconds: float) -> dict:
+    """Figures of a probe like an H200's on Qwen3-4B (2026-12-03): 0.4705 s a step, 2,073 steps an epoch."""
+    from sft.planner.budget import Overheads
+
+    steps = [[i, 100 + 0.4705 * i, 8192 * i] for i in range(1, 51)]
+    main = RankReport.from_dict({"mode": "probe", "rank": 0, "world_size": 1, "peak_reserved_bytes": 108 * GIB,
+                                 "device": "NVIDIA H200", "steps_per_epoch": 2073, "global_step": 50,
+                                 "steps": steps, "train_began": 100.0})
+    return probe.figures([main], Settings(max_steps=-1, epochs=1.0, save_steps=save_steps),
+                         Overheads(save_seconds=save_seconds, final_seconds=16.1))
+
+
+def checkpoints_row(fig: dict) -> str:
+    return next(line for line in probe.table(fig).splitlines() if "of which checkpoints" in line)
+
+
+def test_the_checkpoints_share_of_the_run_is_shown_and_a_large_one_says_what_save_steps_would_do():
+    """The README's recipe saves every 200 steps; a Qwen3-4B checkpoint (64.4 GB at the assumed 500 MB/s: 128.8 s)
+    is as long as 274 of its steps: 11 saves (every 200 steps and the Trainer's at the last) are most of the run."""
+    fig = one_epoch(200, 128.8)
+    assert fig["saves"] == 11 and fig["save_hours"] == round(11 * 128.8 / 3600, 3)
+    row = checkpoints_row(fig)
+    assert "11 x about 129 s, estimated: 59% of the run; each as long as 274 steps" in row
+    assert row.endswith("fewer checkpoints (SFT_SAVE_STEPS) trade this time for what a lost machine can cost")
+    # cheaper checkpoints, written often: how often would cost about 10% of the steps' time
+    row = checkpoints_row(one_epoch(50, 20.0))
+    assert "42 x about 20 s" in row  # 41 every 50 steps, and the last
+    assert row.endswith("SFT_SAVE_STEPS=426 would make them about 10% of the steps' time, a checkpoint every 3 min "
+                        "(what a lost machine can cost)")
+    row = checkpoints_row(one_epoch(1000, 20.0))  # 3 saves: 6% of the run, nothing to say
+    assert row.split("of which checkpoints", 1)[1].strip() == "0.017 (3 x about 20 s, estimated: 6% of the run; " \
+                                                               "each as long as 43 steps)"

@@ -90,7 +90,9 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
         out["seconds_to_first_step"] = round(main.first_step_wall - started_at, 1)
     if (p := projection(out, s, overheads or Overheads())) is not None:
         out.update(total_steps=p.total_steps, train_hours=round(p.train_seconds() / 3600, 3),
-                   other_hours=round((p.seconds() - p.train_seconds()) / 3600, 3), projected_hours=round(p.hours(), 3))
+                   other_hours=round((p.seconds() - p.train_seconds()) / 3600, 3), projected_hours=round(p.hours(), 3),
+                   saves=p.saves(), save_seconds_each=round(p.save_seconds, 1),
+                   save_hours=round(p.save_seconds_of() / 3600, 3))
         if p.price_per_hour:
             out["projected_cost"] = round(p.cost(), 2)
         passes, evals = eval_seconds(out, p.total_steps)
@@ -139,6 +141,30 @@ def against_run_line(check: dict[str, Any]) -> str:
             f"state {check['run_steady_tokens_per_second']:,.0f} ({check['tokens_per_second_error']:+.1%})")
 
 
+SAVES_SHARE_HINT = 0.25  # checkpoints taking more of the run than this: the log says what SFT_SAVE_STEPS would do
+SAVES_SHARE_TARGET = 0.10
+
+
+def checkpoints(fig: dict[str, Any]) -> str:
+    """The checkpoints' share of the projected run; where it is large, the SFT_SAVE_STEPS that would hold it to
+    about 10% of the steps' time, and the work a lost machine could then cost. On one H200 a Qwen3-4B checkpoint
+    (65 GB) took 95 s to write, as long as the 200 steps between two (docs/speed.md, 2026-12-03): the README's
+    recipe saves every 200 steps, which took about 27 minutes at its own speed."""
+    each, saves, step = fig["save_seconds_each"], fig["saves"], fig["seconds_per_step"]
+    share = fig["save_hours"] / fig["projected_hours"] if fig.get("projected_hours") else 0.0
+    text = f"{fig['save_hours']} ({saves} x about {each:.0f} s, estimated: {share:.0%} of the run"
+    if not step:
+        return text + ")"
+    text += f"; each as long as {each / step:,.0f} steps)"
+    if share <= SAVES_SHARE_HINT:
+        return text
+    every = math.ceil(each / (SAVES_SHARE_TARGET * step))
+    if every >= fig["total_steps"]:
+        return text + ": fewer checkpoints (SFT_SAVE_STEPS) trade this time for what a lost machine can cost"
+    return text + (f": SFT_SAVE_STEPS={every} would make them about {SAVES_SHARE_TARGET:.0%} of the steps' time, a "
+                   f"checkpoint every {every * step / 60:.0f} min (what a lost machine can cost)")
+
+
 def table(fig: dict[str, Any]) -> str:
     """The probe's figures as a short table for the log."""
     rows = [
@@ -156,7 +182,9 @@ def table(fig: dict[str, Any]) -> str:
         ("projected hours", fig.get("projected_hours", "n/a")),
     ]
     if "other_hours" in fig:
-        rows.append(("  of which saves, final model", fig["other_hours"]))
+        rows.append(("  of which saves, final, warm-up", fig["other_hours"]))
+    if fig.get("save_hours"):
+        rows.append(("  of which checkpoints", checkpoints(fig)))
     if "eval_passes" in fig:
         rows.append(("  of which evaluation", f"{fig['projected_eval_hours']} h: {fig['eval_passes']} passes of "
                      f"{fig['eval_batches']} batches, {fig['eval_seconds_per_batch']} s each (timed on a few)"))

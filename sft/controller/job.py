@@ -123,7 +123,7 @@ class Job:
             self.facts = machine.settled(self.facts)  # FlashAttention-4's import check, run meanwhile
             given = inputs.read(self.s, self.facts.machine, resume, self.data.facts)
             d = self._decided(decide.decide(given))
-            self.runner.overheads = budget.overheads(given.shape.total_params, self.target is not None)
+            self.runner.total_params, self.runner.uploads = given.shape.total_params, self.target is not None
         except CannotRun as e:
             say(f"error: {e}")
             return self._close(e.exit_code, "preflight failed")
@@ -168,7 +168,7 @@ class Job:
 
     def _budget(self, d: Decision, probe_only: bool) -> tuple[Decision, bool]:
         """The budget gate on the probe's projection: (the decision, capped if truncated; whether refused)."""
-        call = budget.check(self.s, self.summary.probe or {}, self.runner.overheads, d.ranks.world)
+        call = budget.check(self.s, self.summary.probe or {}, self.runner.overheads(d), d.ranks.world)
         budget.report(call, refusing=not probe_only)
         if call.verdict != "none":
             self.summary.budget = {"verdict": call.verdict, "reason": call.reason, "max_steps": call.max_steps,
@@ -230,7 +230,7 @@ class Job:
     def _train(self, d: Decision, resume: Path | None, total_params: int) -> int:
         if self.stopper.requested:
             return self._close(exitcodes.STOPPED, "stopped", d)
-        if self._out_of_time(total_params):
+        if self._out_of_time(d, total_params):
             return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
         say(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"))
         self.uploader = uploads.start(self.s, self.target, self.paths, self.events)
@@ -273,11 +273,11 @@ class Job:
         self.summary.phases[name] = round(now - self._phase_began, 1)
         self._phase_began = now
 
-    def _out_of_time(self, total_params: int) -> bool:
+    def _out_of_time(self, d: Decision, total_params: int) -> bool:
         """With a time limit: its watch for training; True when not even a step and a save fit before it."""
         if self.deadline is None:
             return False
-        checkpoint, final = budget.sizes(total_params)
+        checkpoint, final = budget.sizes(d, total_params, self.s.extra_trainer_args)
         self.timekeeper = timekeeper.TimeKeeper(self.deadline, self.paths.run, self.stopper, checkpoint, final,
                                                 uploads=self.target is not None)
         call = self.timekeeper.before_training((self.summary.probe or {}).get("seconds_per_step"))

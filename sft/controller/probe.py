@@ -108,7 +108,7 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict
         why = next((f": {r.error}" for r in reports if r.error), "")
         say(f"error: the {name} failed (launcher exit code {code}{why}); see the ranks' output above")
         raise _Failed(exitcodes.PROBE_FAILED)
-    fig = figures.figures(reports, runner.s, runner.overheads, runner.started_at,
+    fig = figures.figures(reports, runner.s, runner.overheads(d), runner.started_at,
                           d.data.eval_steps if d.data else None)
     fig["stage"] = d.stage.name
     tried("ok", fig)

@@ -9,6 +9,7 @@ from ..handoff import RankReport, RunSpec, write_json
 from ..planner.budget import Overheads
 from ..planner.decide import Decision
 from ..settings import Settings
+from . import budget
 from .coordinate import Team
 from .launch import Launch, Stopper
 from .output import Paths
@@ -21,7 +22,15 @@ class Runner:
         self.s, self.team, self.paths, self.stopper = s, team, paths, stopper
         self.started_at = started_at  # time.time() when the job began: what a user waits is counted from it
         self.events = EventLog(paths.run / EVENTS_FILE)  # the probe's tries go there
-        self.overheads = Overheads()  # the run's saves and final model, for the probe's projection (set by the job)
+        self.total_params = 0  # the model's, for the projection's saves (set by the job once it has read the model)
+        self.uploads = False  # the final model is uploaded (a Hub repo): the projection counts the upload
+
+    def overheads(self, d: Decision) -> Overheads:
+        """What a run of this decision spends besides its steps (its saves, the final model), for the probe's
+        projection: the stage the probe ends on sets a checkpoint's size."""
+        if not self.total_params:
+            return Overheads()
+        return budget.overheads(d, self.total_params, self.s.extra_trainer_args, self.uploads)
 
     def spec(self, d: Decision, mode: str, output_dir: Path, max_steps: int, resume: Path | None = None) -> RunSpec:
         """The decision as the ranks read it; its DeepSpeed config is written to run/ds_config.json."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .disk import saves_left
+
 ACTIONS = ("refuse", "truncate")
 
 
@@ -42,7 +44,14 @@ class Projection:
         n = self.total_steps if steps is None else steps
         evals = self.eval_seconds * n / self.total_steps if self.total_steps else 0.0
         warmup = self.warmup_seconds if n else 0.0
-        return self.train_seconds(n) + (n // self.save_steps) * self.save_seconds + evals + self.final_seconds + warmup
+        return self.train_seconds(n) + self.save_seconds_of(n) + evals + self.final_seconds + warmup
+
+    def saves(self, steps: int | None = None) -> int:
+        """The checkpoints the Trainer writes in `steps` steps: every save_steps, and one at the last step."""
+        return saves_left(0, self.total_steps if steps is None else steps, self.save_steps)
+
+    def save_seconds_of(self, steps: int | None = None) -> float:
+        return self.saves(steps) * self.save_seconds
 
     def train_seconds(self, steps: int | None = None) -> float:
         return (self.total_steps if steps is None else steps) * self.seconds_per_step
