@@ -51,7 +51,7 @@ RUN apt-get update \
  && chown sft:sft /data
 
 # Dependencies before the code, so a code change rebuilds only the small layers below.
-COPY requirements.lock /app/requirements.lock
+COPY requirements.in requirements.lock /app/
 COPY scripts/install-deps.sh /app/scripts/install-deps.sh
 # pip's cache lives in a BuildKit cache mount (kept between builds on one machine, never in the image).
 # The check loads CPU Adam as the job will, under the accelerator it was built for, and fails the build

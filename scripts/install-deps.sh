@@ -15,9 +15,11 @@ lock="$here/requirements.lock"
 cache=(--no-cache-dir)
 if [ -n "${PIP_CACHE_DIR:-}" ]; then cache=(); fi
 pin() { grep "^$1==" "$lock"; }
-# FlashAttention-4 (SFT_ATTENTION=flash_attention_4): GPU kernels, useless with a CPU build of torch
-GPU_ONLY=(apache-tvm-ffi flash-attn-4 nvidia-cutlass-dsl nvidia-cutlass-dsl-libs-base nvidia-cutlass-dsl-libs-core
-          nvidia-cutlass-dsl-libs-cu13 quack-kernels torch-c-dlpack-ext)
+# FlashAttention-4 (SFT_ATTENTION=flash_attention_4): GPU kernels, useless with a CPU build of torch. Their names
+# are requirements.in's last section, read here as `make lock` reads it: one list.
+mapfile -t GPU_ONLY < <(sed -n '/^# SFT_ATTENTION=flash_attention_4/,$p' "$here/requirements.in" | grep -v '^#' |
+                        sed 's/==.*//')
+[ ${#GPU_ONLY[@]} -gt 0 ] || { echo "install-deps.sh: no GPU-only section in $here/requirements.in" >&2; exit 1; }
 
 # The tools that build DeepSpeed from its sdist, pinned: a new setuptools can break an old setup.py.
 "$python" -m pip install "${cache[@]}" --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
