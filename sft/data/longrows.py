@@ -79,14 +79,14 @@ def measure(dataset: Dataset, labeller: Labeller, processes: int | None = None) 
 
     global _WORK
     rows = len(dataset)
-    cores = processes or preparing(rows)
-    if cores <= 1:
+    workers = processes or preparing(rows)
+    if workers <= 1:
         return [n for span in checks.chunks(rows) for n in _lengths(dataset, labeller, span)]
-    size = max(1, min(SPAN, -(-rows // cores)))  # at least one span per core
+    size = max(1, min(SPAN, -(-rows // workers)))  # at least one span per worker
     spans = [(start, min(start + size, rows)) for start in range(0, rows, size)]
     _WORK = (dataset, labeller)
     try:
-        with multiprocessing.get_context("fork").Pool(min(cores, len(spans))) as pool:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(spans))) as pool:
             return [n for part in pool.map(_forked_lengths, spans) for n in part]
     finally:
         _WORK = None
