@@ -2,6 +2,7 @@
 
     RunSpec           controller -> every rank: what to train and where (run/spec-MODE.json)
     RankReport        each rank -> controller: how it ended, its steps and memory (run/reports/)
+    Verdict           controller -> every rank of a training launch that probes: go on, or end (run/verdict.json)
     CheckpointRecord  rank 0 -> a later start: how a checkpoint was made (checkpoint-N/sft_job.json)
     Summary           controller -> the user, the Hub and a later start (run/summary.json)
 
@@ -198,6 +199,24 @@ class RunSpec(Record):
     model_revision: str | None = None  # the model's commit, resolved at start (None: a local folder)
     chat_template: str | None = None  # SFT_CHAT_TEMPLATE: TRL's chat_template_path
     sequence_parallel: int = 1  # GPUs that share each row (DeepSpeed's Ulysses); 1: off
+    # A training launch that is also the probe: after this many steps (or the run's last, if sooner) every rank
+    # reports as a probe (RankReport mode "probe") and waits for the controller's Verdict in verdict_file. 0: never.
+    hold_at: int = 0
+    verdict_file: str = ""
+
+    @property
+    def probes(self) -> bool:
+        """Its first steps are the probe's: a probe, or a training launch that waits for the probe's verdict."""
+        return self.mode == "probe" or self.hold_at > 0
+
+
+@dataclass(frozen=True)
+class Verdict(Record):
+    """The controller's word to a training launch waiting after the probe's steps: go on as the training, or end
+    there (an escalation, the budget's cap or refusal, a stop: the job relaunches or closes)."""
+
+    go_on: bool
+    why: str = ""
 
 
 @dataclass
@@ -205,7 +224,7 @@ class RankReport(Record):
     """One rank's account of a run, written when it ends, however it ends."""
 
     mode: str
-    status: str = "started"  # done, stopped, oom, failed
+    status: str = "started"  # done, stopped, oom, failed; ended: the controller's Verdict ended it after the probe
     rank: int = 0
     world_size: int = 1
     error: str | None = None
@@ -231,6 +250,7 @@ class RankReport(Record):
     eval_batches: int | None = None  # batches of one evaluation pass on this rank
     eval_seconds_per_batch: float | None = None  # measured by the probe on a few batches
     eval_seconds: float = 0.0  # spent evaluating during training (left out of the step times)
+    held_seconds: float = 0.0  # spent after the probe's steps waiting for the Verdict (left out of them too)
 
     @staticmethod
     def path(report_dir: Path, mode: str, rank: int) -> Path:

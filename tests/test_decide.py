@@ -172,6 +172,23 @@ def test_several_nodes_shard_over_every_rank():
     assert d.plan.setup.total_gpus == 4 and d.record().world_size == 4
 
 
+@pytest.mark.parametrize("settings,machine,record,goes_on,why", [
+    ({}, ONE_H200, None, True, "the training's own launch: its first 50 steps (SFT_PROBE_STEPS) are timed"),
+    ({"probe_steps": 0}, ONE_H200, None, False, None),
+    ({}, ONE_H200, CheckpointRecord("2", 1), False, None),  # a resume does not probe
+    ({}, Machine(gpus=(H200,) * 2, host_memory_bytes=200 * GIB, nodes=2), None, False,
+     "launched apart: on 2 nodes the ranks elsewhere cannot read node 0's verdict"),
+    ({"save_steps": 50}, ONE_H200, None, False,
+     "launched apart: a checkpoint (SFT_SAVE_STEPS=50) would be saved before the verdict on its 50 steps"),
+    ({"max_steps": 40}, ONE_H200, None, False, "launched apart: the run (SFT_MAX_STEPS=40) is no longer than it"),
+    ({"max_steps": 51, "save_steps": 51}, ONE_H200, None, True, "the training's own launch"),
+])
+def test_the_probe_is_the_trainings_own_launch_where_its_steps_can_be_kept(settings, machine, record, goes_on, why):
+    d = decided(shape=Q8 if machine.nodes > 1 else Q4, machine=machine, record=record, **settings)
+    assert d.probe_goes_on is goes_on
+    assert d.reasons.get("probe", "").startswith(why) if why else "probe" not in d.reasons
+
+
 def test_nothing_fits_says_why_with_the_plan():
     small = Machine(gpus=(GPU("small", 8 * GIB),), host_memory_bytes=16 * GIB)
     with pytest.raises(CannotRun) as e:

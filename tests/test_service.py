@@ -373,7 +373,9 @@ def test_over_budget_is_refused_before_training_naming_what_would_fit(refused):
     assert 1 <= steps < STEPS_PER_EPOCH and any(f.startswith("SFT_BUDGET_ACTION=truncate") for f in budget["fits"])
     assert "error: budget: the projected run" in refused.output and "SFT_MAX_STEPS=" in refused.output
     assert not list(refused.out.glob("checkpoint-*")) and not (refused.out / "final").exists()
-    assert not (refused.out / "run" / "spec-train.json").exists()  # no rank started to train
+    # the probe was the training's launch: the verdict ended it after the probe's steps, saving nothing
+    ended = [json.loads(p.read_text()) for p in sorted((refused.out / "run" / "reports").glob("train-rank*.json"))]
+    assert ended and {(r["status"], r["global_step"]) for r in ended} == {("ended", BUDGET["probe_steps"])}
 
 
 @pytest.fixture(scope="module")
@@ -394,6 +396,9 @@ def test_truncate_trains_the_steps_that_fit_and_finishes_normally(truncated):
     probe = summary["probe"]
     assert budget["max_steps"] * probe["seconds_per_step"] <= BUDGET["max_cost"]  # a second costs 1
     assert (truncated.out / "final" / "config.json").is_file()
+    # the probe's launch has the whole epoch's learning-rate schedule: the capped run is launched anew
+    assert "train: launched again, for the steps the budget capped" in truncated.output
+    assert "went_on_from_probe_step" not in summary["train"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ def test_every_argument_the_job_sets_is_owned():
     assert job_arguments(spec, on_gpu=False)["pad_to_multiple_of"] == "auto"  # TRL's own default
     assert job_arguments(spec, on_gpu=False)["dataset_num_proc"] is None  # one process: TRL's default
     spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, processes=3))
-    assert trainer_arguments(spec, on_gpu=False).dataset_num_proc == 3  # what TRL's map takes
+    assert trainer_arguments(spec, on_gpu=False, in_rank=False).dataset_num_proc == 3  # what TRL's map takes
 
 
 @pytest.mark.parametrize("tracker", ["wandb", "mlflow"])

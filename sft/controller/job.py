@@ -27,7 +27,7 @@ from . import (budget, coordinate, data, figures, inputs, machine, outlock, pref
                timekeeper, uploads)
 from .launch import Stopper
 from .output import Paths, eval_results, losses, plot_loss
-from .runs import Runner
+from .runs import Held, Runner
 
 
 def run(s: Settings, probe_only: bool = False) -> int:
@@ -68,6 +68,7 @@ class Job:
         self.stopper.on_request = lambda reason, detail: self.events.emit(StopRequested(reason=reason, detail=detail))
         self.deadline, self.timekeeper = None, None  # the time limit, if any, and its watch while training
         self.data: data.Found | None = None
+        self.held: Held | None = None  # the training's launch, waiting after the probe's steps for a verdict
 
     def run(self, probe_only: bool) -> int:
         """The job, holding the output folder's lock from its first write: a second job on the folder stops
@@ -133,7 +134,9 @@ class Job:
             return self._close(code, "preflight failed", d)
         if self.s.probe_steps > 0 and resume is None:
             self._phase("preflight")
-            outcome = probe.probe(self.runner, given, d, recheck=lambda nxt: self._preflight(given, nxt, probe_only))
+            outcome = probe.probe(self.runner, given, d, recheck=lambda nxt: self._preflight(given, nxt, probe_only),
+                                  train_on=not probe_only)
+            self.held = outcome.held
             d = self._probed(outcome)
             self._phase("batch_search_and_probe")
             if outcome.code == exitcodes.DONE:
@@ -141,7 +144,8 @@ class Job:
                 if refused:
                     return self._close(exitcodes.OVER_BUDGET, "over budget", d)
             if outcome.code != exitcodes.DONE or probe_only:
-                return self._close(outcome.code, "probed" if outcome.code == exitcodes.DONE else "probe failed", d)
+                status = {exitcodes.DONE: "probed", exitcodes.STOPPED: "stopped"}.get(outcome.code, "probe failed")
+                return self._close(outcome.code, status, d)
         elif probe_only:
             say("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)")
             return exitcodes.DONE
@@ -228,24 +232,37 @@ class Job:
         return outcome.decision
 
     def _train(self, d: Decision, resume: Path | None, total_params: int) -> int:
+        max_steps = d.max_steps or self.s.max_steps
+        if self.held is not None and max_steps != self.held.spec.max_steps:  # its schedule is for more steps
+            say("train: launched again, for the steps the budget capped; the probe's launch ends")
+            self.held.end("the budget capped the run's steps")
+            self.held = None
         if self.stopper.requested:
             return self._close(exitcodes.STOPPED, "stopped", d)
         if self._out_of_time(d, total_params):
             return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
-        say(f"train: ZeRO {d.stage.name}, " + (f"resuming from {resume}" if resume else "from the start"))
+        held, self.held = self.held, None
+        where = (f"resuming from {resume}" if resume else f"going on from the probe's step {held.spec.hold_at}, in "
+                 "its launch" if held else "from the start")
+        say(f"train: ZeRO {d.stage.name}, {where}")
         self.uploader = uploads.start(self.s, self.target, self.paths, self.events)
-        max_steps = d.max_steps or self.s.max_steps
         self.events.emit(TrainStarted(stage=d.stage.name, max_steps=max_steps, resumed_from=self.summary.resumed_from))
         if self.timekeeper is not None:
             self.timekeeper.uploader = self.uploader
             self.timekeeper.start()
-        started = time.time()
+        started = held.began if held else time.time()  # a launch that went on from the probe: from its start
         try:
-            code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, max_steps, resume))
+            if held is not None:
+                held.go_on()
+                code, reports = held.finish()
+            else:
+                code, reports = self.runner.run(self.runner.spec(d, "train", self.paths.out, max_steps, resume))
         finally:
             if self.timekeeper is not None:
                 self.timekeeper.stop()
         self.summary.train = train = train_results(reports, time.time() - started)
+        if held is not None:
+            train["went_on_from_probe_step"] = held.spec.hold_at
         self._phase("train")
         if d.reshard is not None:
             reshard.tidy(self.paths)
@@ -288,6 +305,9 @@ class Job:
 
     def _close(self, code: int, status: str, d: Decision | None = None) -> int:
         """The summary and the loss plot; with a repo, the last uploads. Returns the job's exit code."""
+        if self.held is not None:  # the training's launch, left waiting after the probe: it ends, saving nothing
+            self.held.end(status)
+            self.held = None
         summary = self.summary
         summary.status, summary.exit_code = status, code
         if d is not None:

@@ -98,17 +98,29 @@ class Launch:
 
     def run(self) -> int:
         """Run to the end; return the launcher's exit code."""
+        self.start()
+        return self.wait()
+
+    def start(self) -> None:
         say("$ " + " ".join(self.cmd))
         # The launcher runs in its own session (signals reach this process first) and dies with it
         # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
         guarded = [sys.executable, "-m", __name__, str(os.getpid()), *self.cmd]
         self.proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=environment(self.settings, self.ranks),
                                      start_new_session=True)
+
+    def wait(self, seconds: float | None = None) -> int | None:
+        """The launcher's exit code once it ends; None if it still runs after `seconds` (None: wait to the end).
+        The grace period of a stop is enforced meanwhile."""
+        assert self.proc is not None, "start() first"
+        until = None if seconds is None else time.monotonic() + seconds
         while True:
             try:
-                return self.proc.wait(timeout=1)
+                return self.proc.wait(timeout=1 if until is None else max(0.0, min(1.0, until - time.monotonic())))
             except subprocess.TimeoutExpired:
                 self._enforce_deadline()
+                if until is not None and time.monotonic() >= until:
+                    return None
 
     def stop(self) -> None:
         if self.deadline is not None:
@@ -164,13 +176,18 @@ class Stopper:
 
     def running(self, launch: Launch) -> int:
         """Run `launch` to its end, stopping it if a stop was asked before or while it runs."""
-        self.launch = launch
-        if self.requested:
-            launch.stop()
+        self.started(launch)
         try:
-            return launch.run()
+            return launch.wait()  # type: ignore[return-value]
         finally:
             self.launch = None
+
+    def started(self, launch: Launch) -> None:
+        """Start `launch`; a stop asked before or while it runs stops it (until `launch` is cleared)."""
+        self.launch = launch
+        launch.start()
+        if self.requested:
+            launch.stop()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

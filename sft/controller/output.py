@@ -32,6 +32,11 @@ class Paths:
         return self.run / "STOP"
 
     @property
+    def verdict_file(self) -> Path:
+        """The controller's Verdict to a training launch waiting after the probe's steps (handoff.Verdict)."""
+        return self.run / "verdict.json"
+
+    @property
     def summary(self) -> Path:
         return self.run / "summary.json"
 

@@ -1,7 +1,9 @@
 """The probe, carried out: the batch search's short runs, then the timing run, escalating on out-of-memory.
 
 What to time, what to adopt and where to escalate are the decision's (planner/decide.py); this module
-runs the ranks, reads their reports and hands the measurements back to it.
+runs the ranks, reads their reports and hands the measurements back to it. Where the decision says so
+(Decision.probe_goes_on), the timing run is the training's own launch, left waiting after its steps
+(runs.Held): the job then says whether it goes on as the training.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..planner.inputs import Inputs
 from ..planner.plan import GPU_FREE_FRACTION
 from ..units import GIB
 from . import figures
-from .runs import Runner
+from .runs import Held, Runner
 
 BATCH_SEARCH_STEPS = 12  # steps per split: steady_rates times the last 8 (figures.WARMUP_STEPS)
 
@@ -39,17 +41,20 @@ class Outcome:
     figures: dict[str, Any] | None = None
     escalations: list[dict[str, str]] = field(default_factory=list)
     batch_search: dict[str, Any] | None = None
+    held: Held | None = None  # the training's launch, waiting after the probe's steps for the job's verdict
 
 
-def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decision], int | None]) -> Outcome:
-    """The batch search where the decision asks for one, then the probe; `recheck` preflights an escalation."""
+def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decision], int | None],
+          train_on: bool = False) -> Outcome:
+    """The batch search where the decision asks for one, then the probe; `recheck` preflights an escalation;
+    `train_on`: the probe is the training's launch where the decision allows it (not in `entrypoint.py probe`)."""
     outcome = Outcome(d)
     if d.search:
         outcome.code = _search_batch(runner, inputs, outcome)
     while outcome.code == exitcodes.DONE and outcome.figures is None:
         d = outcome.decision
         try:
-            outcome.figures = _probe_once(runner, d)
+            outcome.figures, outcome.held = _probe_once(runner, d, train_on and d.probe_goes_on)
         except ProbeOutOfMemory as e:
             nxt, change = decide.escalate(inputs, d, str(e))
             if nxt is None:
@@ -73,22 +78,36 @@ class _Failed(Exception):
         self.code = code
 
 
-def _probe_once(runner: Runner, d: Decision) -> dict[str, Any]:
+def _probe_once(runner: Runner, d: Decision, train_on: bool) -> tuple[dict[str, Any], Held | None]:
     s = runner.s
-    say(f"probe: {s.probe_steps} steps with ZeRO {d.stage.name} on {d.ranks.world} rank(s)")
-    fig, reports = _timed_run(runner, d, s.probe_steps, "probe")
-    write_json(runner.paths.run / "probe.json", fig)
-    say("probe:\n" + figures.table(fig))
-    _check_headroom(reports)
-    return fig
+    where = "the training's launch, waiting after them" if train_on else "a launch of its own"
+    say(f"probe: {s.probe_steps} steps with ZeRO {d.stage.name} on {d.ranks.world} rank(s), in {where}")
+    held = None
+    if train_on:
+        spec = runner.spec(d, "train", runner.paths.out, d.max_steps or s.max_steps, hold_at=s.probe_steps)
+        held = runner.hold(spec)
+    try:
+        fig, reports = _timed_run(runner, d, s.probe_steps, "probe", held)
+        write_json(runner.paths.run / "probe.json", fig)
+        say("probe:\n" + figures.table(fig))
+        _check_headroom(reports)
+    except (ProbeOutOfMemory, _Failed) as e:
+        if held is not None:
+            held.end(str(e) or "the probe failed")
+        raise
+    return fig, held
 
 
-def _timed_run(runner: Runner, d: Decision, steps: int, name: str) -> tuple[dict[str, Any], list[RankReport]]:
-    """Ranks that train `steps` steps and save nothing; their figures and reports. Raises ProbeOutOfMemory
-    when a rank ran out of memory, _Failed when the run failed or was stopped."""
-    spec = runner.spec(d, "probe", runner.paths.run / name.replace(" ", "-"), steps)
+def _timed_run(runner: Runner, d: Decision, steps: int, name: str, held: Held | None = None
+               ) -> tuple[dict[str, Any], list[RankReport]]:
+    """Ranks that train `steps` steps and save nothing (or the held training launch's first steps); their
+    figures and reports. Raises ProbeOutOfMemory when a rank ran out of memory, _Failed when the run failed or
+    was stopped."""
     began = time.monotonic()
-    code, reports = runner.run(spec)
+    if held is not None:
+        code, reports = held.probed()
+    else:
+        code, reports = runner.run(runner.spec(d, "probe", runner.paths.run / name.replace(" ", "-"), steps))
 
     def tried(outcome: str, fig: dict[str, Any] | None = None) -> None:
         fig = fig or {}

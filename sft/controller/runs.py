@@ -1,11 +1,13 @@
-"""One run of the ranks on every node: the decision written down as a RunSpec, the launch, the reports back."""
+"""One run of the ranks on every node: the decision written down as a RunSpec, the launch, the reports back;
+and a training launch that is also the probe (Held), which waits after the probe's steps for the verdict."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from ..events import EVENTS_FILE, EventLog
-from ..handoff import RankReport, RunSpec, write_json
+from ..handoff import RankReport, RunSpec, Verdict, write_json
 from ..planner.budget import Overheads
 from ..planner.decide import Decision
 from ..settings import Settings
@@ -32,23 +34,84 @@ class Runner:
             return Overheads()
         return budget.overheads(d, self.total_params, self.s.extra_trainer_args, self.uploads)
 
-    def spec(self, d: Decision, mode: str, output_dir: Path, max_steps: int, resume: Path | None = None) -> RunSpec:
+    def spec(self, d: Decision, mode: str, output_dir: Path, max_steps: int, resume: Path | None = None,
+             hold_at: int = 0) -> RunSpec:
         """The decision as the ranks read it; its DeepSpeed config is written to run/ds_config.json."""
         ds_path = write_json(self.paths.run / "ds_config.json", dict(d.ds_config))
-        return make_spec(self.s, d, self.paths, mode, output_dir, max_steps, resume, str(ds_path))
+        return make_spec(self.s, d, self.paths, mode, output_dir, max_steps, resume, str(ds_path), hold_at)
 
     def run(self, spec: RunSpec) -> tuple[int, list[RankReport]]:
         """Launch the ranks here and on every other node; the launcher's exit code and the ranks' reports."""
-        self.paths.clear_reports(spec.mode)
-        path = spec.save(self.paths.run / f"spec-{spec.mode}.json")
-        self.team.announce(path, self.paths.stop_file)  # the other nodes start their ranks on the same spec
-        code = self.stopper.running(Launch(self.s, self.team.ranks, path, self.paths.stop_file, self.team.nodes))
+        launch = self._start(spec)
+        try:
+            code = launch.wait()
+        finally:
+            self.stopper.launch = None
         self.team.after_launch(code)
         return code, self.paths.rank_reports(spec.mode)
 
+    def hold(self, spec: RunSpec) -> Held:
+        """Start a training launch that is also the probe (spec.hold_at): it waits after the probe's steps."""
+        self.paths.verdict_file.unlink(missing_ok=True)  # an earlier launch's verdict is not this one's
+        self.paths.clear_reports("probe")
+        return Held(self, spec, self._start(spec))
+
+    def _start(self, spec: RunSpec) -> Launch:
+        self.paths.clear_reports(spec.mode)
+        path = spec.save(self.paths.run / f"spec-{spec.mode}.json")
+        self.team.announce(path, self.paths.stop_file)  # the other nodes start their ranks on the same spec
+        launch = Launch(self.s, self.team.ranks, path, self.paths.stop_file, self.team.nodes)
+        self.stopper.started(launch)
+        return launch
+
+
+class Held:
+    """A training launch whose first steps are the probe: its ranks report as a probe after them, then wait for
+    the controller's Verdict and go on as the training, or end there. What changes nothing in the decision
+    costs nothing: the model is loaded and compiled once, and the probe's steps are the run's first."""
+
+    POLL_SECONDS = 0.5
+
+    def __init__(self, runner: Runner, spec: RunSpec, launch: Launch):
+        self.runner, self.spec, self.launch = runner, spec, launch
+        self.began = time.time()
+        self.code: int | None = None  # the launcher's exit code, once it ended
+
+    @property
+    def live(self) -> bool:
+        return self.code is None
+
+    def probed(self) -> tuple[int, list[RankReport]]:
+        """Wait until every rank reported the probe's steps: (0, their reports); or until the launch ended before
+        (an out-of-memory, a failure, a stop): (its exit code, the ranks' reports of how it ended)."""
+        world = self.spec.record.world_size
+        while True:
+            if len(reports := self.runner.paths.rank_reports("probe")) == world:
+                return 0, reports
+            if self.launch.wait(self.POLL_SECONDS) is not None:
+                return self.finish()
+
+    def go_on(self) -> None:
+        Verdict(go_on=True).save(self.runner.paths.verdict_file)
+
+    def end(self, why: str) -> int:
+        """End the launch after the probe's steps, saving nothing; its exit code. Once a stop was asked the ranks
+        are told nothing: they save the steps they made and stop, as a training launch does."""
+        if self.live and not self.runner.stopper.requested:
+            Verdict(go_on=False, why=why).save(self.runner.paths.verdict_file)
+        return self.finish()[0]
+
+    def finish(self) -> tuple[int, list[RankReport]]:
+        """Wait for the launch's end: the launcher's exit code and the ranks' reports."""
+        if self.code is None:
+            self.code = self.launch.wait()
+            self.runner.stopper.launch = None
+            self.runner.team.after_launch(self.code)
+        return self.code, self.runner.paths.rank_reports(self.spec.mode)
+
 
 def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Path, max_steps: int,
-              resume: Path | None = None, ds_config: str = "") -> RunSpec:
+              resume: Path | None = None, ds_config: str = "", hold_at: int = 0) -> RunSpec:
     """The settings and the decision, as the ranks read them (writes nothing)."""
     return RunSpec(
         mode=mode, model=s.model, data=d.data, max_length=s.max_length,
@@ -62,4 +125,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
         record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_name=s.run_name,
         run_dir=str(paths.run), model_revision=d.model_revision, chat_template=s.chat_template,
-        sequence_parallel=d.sequence_parallel)
+        sequence_parallel=d.sequence_parallel, hold_at=hold_at,
+        verdict_file=str(paths.verdict_file) if hold_at else "")

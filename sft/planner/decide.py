@@ -2,7 +2,8 @@
 
     decide(inputs)            at start: ranks, precision, Liger, over how many GPUs each row is split, stage,
                               checkpointing, attention, the batch split and which splits to time,
-                              pin_memory, launcher; a reason each; on another number of ranks than the
+                              pin_memory, launcher, whether the probe's launch goes on as the training;
+                              a reason each; on another number of ranks than the
                               checkpoint's, its conversion (reshard.py)
     adopt(inputs, d, split)   after the batch search: the split it measured fastest
     escalate(inputs, d)       after the probe ran out of memory: checkpointing on, then the next stage
@@ -56,6 +57,7 @@ class Decision:
     reshard: Reshard | None = None  # the checkpoint resumed was written by another number of ranks
     data: DataPlan | None = None  # what the ranks train and evaluate on (None: the data was not read)
     model_revision: str | None = None  # the model's commit, as resolved at start
+    probe_goes_on: bool = False  # the probe is the training's launch, which goes on after its steps (rules.py)
 
     @property
     def offload(self) -> bool:
@@ -110,6 +112,9 @@ def decide(inputs: Inputs) -> Decision:
     if record is not None and record.max_steps is not None:
         d = cap_steps(d, record.max_steps, "as the budget capped them for the checkpoint resumed")
     d = _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+    goes_on, why_probe = rules.probe_goes_on(s, ranks, record)
+    if why_probe:
+        d = _replace(d, probe_goes_on=goes_on, reasons={**d.reasons, "probe": why_probe})
     return _with_data(inputs, d)
 
 

@@ -32,6 +32,25 @@ def choose_ranks(s: Settings, machine: Machine) -> tuple[Ranks, str]:
     return Ranks(len(chosen), chosen, machine.nodes), f"GPUs {s.gpus} (SFT_GPUS)"
 
 
+def probe_goes_on(s: Settings, ranks: Ranks, record: CheckpointRecord | None) -> tuple[bool, str | None]:
+    """Whether the probe is the training's own launch, which goes on after the probe's steps unless its figures
+    change the decision (an escalation, the budget's cap or refusal); the reason (None: no probe runs). A probe
+    launched apart loads and compiles the model again for the training, and throws its steps away: on an H200,
+    Qwen3-4B, 91 s of probe and 37 s of relaunch in a 2,176 s epoch (docs/speed.md, 2026-12-03)."""
+    if s.probe_steps == 0 or record is not None:
+        return False, None
+    n = s.probe_steps
+    if ranks.nodes > 1:
+        return False, f"launched apart: on {ranks.nodes} nodes the ranks elsewhere cannot read node 0's verdict"
+    if s.save_steps <= n:
+        return False, (f"launched apart: a checkpoint (SFT_SAVE_STEPS={s.save_steps}) would be saved before the "
+                       f"verdict on its {n} steps (SFT_PROBE_STEPS)")
+    if 0 < s.max_steps <= n:
+        return False, f"launched apart: the run (SFT_MAX_STEPS={s.max_steps}) is no longer than it ({n} steps)"
+    return True, (f"the training's own launch: its first {n} steps (SFT_PROBE_STEPS) are timed, and it goes on "
+                  "from there unless their figures change the decision")
+
+
 def precision(s: Settings, ranks: Ranks) -> tuple[bool, str]:
     """bf16 (True) or fp32; bf16 needs GPUs: the Trainer refuses it on CPU ranks (raises CannotRun)."""
     if s.precision == "bf16" and not ranks.on_gpu:

@@ -18,8 +18,8 @@ from ..handoff import RunSpec
 
 def inject(spec: RunSpec) -> None:
     """In a probe: raise torch's OutOfMemoryError for the stages in SFTTEST_OOM_STAGES and the micro-batches
-    in SFTTEST_OOM_MICRO_BATCHES (comma-separated)."""
-    if spec.mode != "probe":
+    in SFTTEST_OOM_MICRO_BATCHES (comma-separated); a training launch that is also the probe counts as one."""
+    if not spec.probes:
         return
     if spec.stage in _listed("SFTTEST_OOM_STAGES"):
         raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for ZeRO {spec.stage} by SFTTEST_OOM_STAGES)")

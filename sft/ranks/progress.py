@@ -88,19 +88,24 @@ class ProgressCallback(TrainerCallback):
         self.progress = Progress()
         self._written = 0.0
         self._save_began: float | None = None
+        self.hold = None  # a Hold (ranks/hold.py) where this training launch is also the probe
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.report.train_began = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
-        now = time.perf_counter() - self.report.eval_seconds
+        now = time.perf_counter() - self.report.eval_seconds - self.report.held_seconds
         self.report.steps.append([state.global_step, now, int(tokens)])
         if self.report.first_step_wall is None:
             self.report.first_step_wall = time.time()
+        if self.hold is not None and self.hold.due(state.global_step, state.max_steps):
+            self.hold.wait(self.trainer, state.global_step)
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
+        if self.hold is not None and self.hold.ended:  # the controller relaunches or closes: nothing to keep
+            control.should_save, control.should_training_stop = False, True
         if control.should_save:
             self._refuse_to_save_diverged(state)
             self._save_began = time.monotonic()
@@ -170,7 +175,7 @@ class ProgressCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         # The steps' clock leaves evaluation out, so the run's steady speed compares with the probe's
         self.report.eval_seconds += (metrics or {}).get("eval_runtime", 0.0)
-        if self.run_dir is not None and state.is_world_process_zero and metrics:
+        if self.run_dir is not None and state.is_world_process_zero and metrics and "eval_loss" in metrics:
             numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
             self.events.emit(Evaluated(step=state.global_step, metrics=numbers))
 

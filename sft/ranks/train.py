@@ -24,6 +24,7 @@ from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
 from . import evaluation, faults, profiling, seqpar, universal, upstream
+from .hold import Hold
 from .progress import ProgressCallback, StopRequest
 
 
@@ -42,9 +43,10 @@ def main(spec_path: str) -> int:
         result = trainer.train(resume_from_checkpoint=spec.resume)
         if trainer.eval_dataset is not None and spec.mode == "probe":
             evaluation.timed(trainer, report)
-        evaluation.at_the_end(trainer, spec, stop.requested)
+        ended = _ended(trainer)  # by the probe's verdict: the controller relaunches or closes
+        evaluation.at_the_end(trainer, spec, stop.requested or ended)
         _results(report, trainer, result, stop)
-        if spec.mode == "train" and not stop.requested:
+        if spec.mode == "train" and not stop.requested and not ended:
             trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
     except Exception as e:  # every failure is reported to the controller, then re-raised
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
@@ -53,7 +55,7 @@ def main(spec_path: str) -> int:
             return _finish(spec, report, on_gpu, exitcodes.RANK_OOM)
         _finish(spec, report, on_gpu, 1)
         raise
-    report.status = "stopped" if stop.requested else "done"
+    report.status = "stopped" if stop.requested else "ended" if ended else "done"
     return _finish(spec, report, on_gpu, 0)
 
 
@@ -100,6 +102,9 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
     rank0_of_training = spec.mode == "train" and int(os.environ.get("RANK", "0")) == 0 and spec.run_dir
     callback = ProgressCallback(stop, report, spec.record, Path(spec.run_dir) if rank0_of_training else None)
+    if spec.hold_at:  # this training launch is also the probe: after its steps, the controller's verdict
+        callback.hold = Hold(spec, report, lambda r: _stamp(r, on_gpu),
+                             stop_asked=lambda: stop.requested or stop.stop_file.exists())
     # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
     callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir),
                  universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
@@ -163,9 +168,19 @@ def _memory(report: RankReport, on_gpu: bool) -> None:
     report.alloc_retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
 
 
-def _finish(spec: RunSpec, report: RankReport, on_gpu: bool, code: int) -> int:
+def _ended(trainer) -> bool:
+    progress = next((c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)), None)
+    return bool(progress and progress.hold and progress.hold.ended)
+
+
+def _stamp(report: RankReport, on_gpu: bool) -> None:
+    """The rank's place and its memory, as a report ends."""
     report.rank, report.world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     _memory(report, on_gpu)
+
+
+def _finish(spec: RunSpec, report: RankReport, on_gpu: bool, code: int) -> int:
+    _stamp(report, on_gpu)
     report.save(RankReport.path(Path(spec.report_dir), spec.mode, report.rank))
     if code == 0 and dist.is_initialized():
         # Without this a rank aborts at exit and the launcher reports failure (docs/facts.md).
