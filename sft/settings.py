@@ -56,7 +56,9 @@ class Settings(TrainedOn):
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
                                choices=STAGES)
     ds_config: str | None = _setting(None, "A DeepSpeed JSON of your own; wins over SFT_ZERO_STAGE.")
-    probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it.", min=0)
+    probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it. On one node, "
+                                "with no checkpoint among them, they are the training's first steps: its launch goes "
+                                "on as the training unless their figures change the decision.", min=0)
     max_steps: int = _setting(-1, "Stop after this many optimizer steps; -1 trains SFT_EPOCHS full epochs.", min=-1)
     epochs: float = _setting(1.0, "Epochs to train (fractions allowed).", gt=0)
     tokens_per_step: int = _setting(8192, "Tokens per GPU (per group of SFT_SEQUENCE_PARALLEL GPUs that share "
