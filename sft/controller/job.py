@@ -242,8 +242,9 @@ class Job:
         if self._out_of_time(d, total_params):
             return self._close(exitcodes.TIME_LIMIT, "stopped for time", d)
         held, self.held = self.held, None
-        where = (f"resuming from {resume}" if resume else f"going on from the probe's step {held.spec.hold_at}, in "
-                 "its launch" if held else "from the start")
+        held_at = (self.summary.probe or {}).get("steps")  # the probe's steps, fewer where the run is shorter
+        where = (f"resuming from {resume}" if resume else f"going on from the probe's step {held_at}, in its launch"
+                 if held else "from the start")
         say(f"train: ZeRO {d.stage.name}, {where}")
         self.uploader = uploads.start(self.s, self.target, self.paths, self.events)
         self.events.emit(TrainStarted(stage=d.stage.name, max_steps=max_steps, resumed_from=self.summary.resumed_from))
@@ -262,7 +263,7 @@ class Job:
                 self.timekeeper.stop()
         self.summary.train = train = train_results(reports, time.time() - started)
         if held is not None:
-            train["went_on_from_probe_step"] = held.spec.hold_at
+            train["went_on_from_probe_step"] = held_at
         self._phase("train")
         if d.reshard is not None:
             reshard.tidy(self.paths)
