@@ -93,6 +93,8 @@ def test_each_shape_trains_and_evaluates(runs, name):
     assert f"data: SFT_DATASET: {shape}, " in result.stdout
     evals = [e for e in summary["train"]["log_history"] if "eval_loss" in e]
     assert [e["step"] for e in evals] == [EVAL_EVERY, STEPS]  # at SFT_EVAL_STEPS, and at the end
+    # the probe (its 3 steps the training's first) timed its evaluation at step 3: the step's own log stays
+    assert [e["step"] for e in summary["train"]["log_history"] if "loss" in e] == list(range(1, STEPS + 1))
     assert all(e["eval_loss"] > 0 and 0 <= e["eval_mean_token_accuracy"] <= 1 for e in evals)
     assert summary["eval"] == {"step": STEPS, "loss": evals[-1]["eval_loss"], "evaluations": 2,
                                "mean_token_accuracy": evals[-1]["eval_mean_token_accuracy"]}

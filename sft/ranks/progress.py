@@ -100,7 +100,10 @@ class ProgressCallback(TrainerCallback):
         if self.report.first_step_wall is None:
             self.report.first_step_wall = time.time()
         if self.hold is not None and self.hold.due(state.global_step, state.max_steps):
+            flags = dataclasses.asdict(control)
             self.hold.wait(self.trainer, state.global_step)
+            for name, value in flags.items():  # the probe's timed evaluation clears the step's own log and evaluation
+                setattr(control, name, value)
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
