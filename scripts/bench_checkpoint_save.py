@@ -1,0 +1,78 @@
+"""Where a checkpoint's save time goes on a GPU machine: tensors the size of ZeRO-2's state of a model on one
+GPU (the bf16 weights, the fp32 master weights and Adam's moments as flat partitions), saved piece by piece as
+DeepSpeed's checkpoint engine saves them (torch.save of GPU tensors), after torch.save with torch's
+use_pinned_memory_for_d2h off and on in turns. Prints one line per figure and writes them as JSON.
+
+    python scripts/bench_checkpoint_save.py FOLDER [--params 4022468096] [--json OUT.json]
+
+FOLDER is where the files are written (a tmpfs to leave the disk out); it needs 2 x 4 bytes x params free, and
+the host twice that in memory. Figures: docs/speed.md, 2026-12-03.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from torch.utils.serialization import config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder")
+    parser.add_argument("--params", type=int, default=4_022_468_096, help="elements per tensor (Qwen3-4B's)")
+    parser.add_argument("--json", default="", help="also write the figures here")
+    args = parser.parse_args()
+    os.makedirs(args.folder, exist_ok=True)
+    n, figures = args.params, {}
+
+    def timed(name, fn):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize()
+        figures[name] = round(time.perf_counter() - began, 2)
+        print(f"{name}: {figures[name]} s", flush=True)
+        return result
+
+    def save(obj, name="a.pt"):
+        path = os.path.join(args.folder, name)
+        torch.save(obj, path)
+        os.remove(path)
+
+    gb = n * 4 / 1e9
+    weights = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    master = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+    moment = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+    # first, before this process has pinned any memory: the first pinned turn pays for pinning it, as a job's
+    # first save does (torch's caching host allocator keeps the pinned blocks for the next)
+    config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
+    for turn, pinned_d2h in enumerate((False, True, False, True)):
+        config.save.use_pinned_memory_for_d2h = pinned_d2h
+        timed(f"torch.save {2 * gb:.1f} GB fp32 (two tensors) from the GPU, pinned copies "
+              f"{'on' if pinned_d2h else 'off'} (turn {turn + 1})", lambda: save({"a": master, "b": moment}))
+    config.save.use_pinned_memory_for_d2h = False
+    if hasattr(torch.cuda, "host_memory_stats"):  # what the pinned turns left pinned in this process
+        stats = torch.cuda.host_memory_stats()
+        figures["pinned host memory kept after the turns"] = {k: v for k, v in stats.items() if "current" in k}
+        print(f"pinned host memory kept after the turns: {figures['pinned host memory kept after the turns']}")
+    host = timed(f"copy {gb:.1f} GB fp32 GPU -> pageable host memory", master.cpu)
+    pinned = torch.empty(n, dtype=torch.float32, pin_memory=True)
+    timed(f"copy {gb:.1f} GB fp32 GPU -> pinned host memory (allocated before)",
+          lambda: pinned.copy_(master, non_blocking=True))
+    config.save.compute_crc32 = True
+    timed(f"torch.save {gb:.1f} GB fp32 from host memory, CRC32 on", lambda: save({"t": host}))
+    config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
+    timed(f"torch.save {gb:.1f} GB fp32 from host memory, CRC32 off", lambda: save({"t": host}))
+    timed(f"torch.save {gb:.1f} GB fp32 from the GPU, CRC32 off", lambda: save({"t": master}))
+    timed(f"torch.save {gb / 2:.1f} GB bf16 from the GPU, CRC32 off", lambda: save({"t": weights}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "params": n, "seconds": figures}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
