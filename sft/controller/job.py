@@ -297,7 +297,7 @@ class Job:
             return False
         checkpoint, final = budget.sizes(d, total_params, self.s.extra_trainer_args)
         self.timekeeper = timekeeper.TimeKeeper(self.deadline, self.paths.run, self.stopper, checkpoint, final,
-                                                uploads=self.target is not None)
+                                                uploads=self.runner.uploads)
         call = self.timekeeper.before_training((self.summary.probe or {}).get("seconds_per_step"))
         if call.stop:
             say(f"error: time limit: no time left to train before {self.deadline.text()}: {call.reason}")

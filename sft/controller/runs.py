@@ -42,12 +42,7 @@ class Runner:
 
     def run(self, spec: RunSpec) -> tuple[int, list[RankReport]]:
         """Launch the ranks here and on every other node; the launcher's exit code and the ranks' reports."""
-        launch = self._start(spec)
-        try:
-            code = launch.wait()
-        finally:
-            self.stopper.launch = None
-        self.team.after_launch(code)
+        code = self._finished(self._start(spec))
         return code, self.paths.rank_reports(spec.mode)
 
     def hold(self, spec: RunSpec) -> Held:
@@ -63,6 +58,15 @@ class Runner:
         launch = Launch(self.s, self.team.ranks, path, self.paths.stop_file, self.team.nodes)
         self.stopper.started(launch)
         return launch
+
+    def _finished(self, launch: Launch) -> int:
+        """Wait for the launch's end: its exit code, the other nodes told, a later stop no longer sent to it."""
+        try:
+            code = launch.wait()
+        finally:
+            self.stopper.launch = None
+        self.team.after_launch(code)
+        return code
 
 
 class Held:
@@ -104,9 +108,7 @@ class Held:
     def finish(self) -> tuple[int, list[RankReport]]:
         """Wait for the launch's end: the launcher's exit code and the ranks' reports."""
         if self.code is None:
-            self.code = self.launch.wait()
-            self.runner.stopper.launch = None
-            self.runner.team.after_launch(self.code)
+            self.code = self.runner._finished(self.launch)
         return self.code, self.runner.paths.rank_reports(self.spec.mode)
 
 

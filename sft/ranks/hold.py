@@ -28,7 +28,6 @@ class Hold:
         self.report_dir, self.verdict_file = Path(spec.report_dir), Path(spec.verdict_file)
         self.timeout = spec.node_timeout_seconds  # a controller that never answers: the ranks fail, not hang
         self.held = False
-        self.ended = False  # the Verdict ended the run here
 
     def due(self, step: int, max_steps: int) -> bool:
         return not self.held and step == min(self.at, max_steps)
@@ -43,7 +42,8 @@ class Hold:
         self.stamp(probe)
         probe.save(RankReport.path(self.report_dir, "probe", probe.rank))
         verdict = self._verdict()
-        self.ended = verdict is not None and not verdict.go_on
+        if verdict is not None and not verdict.go_on:
+            self.report.status = "ended"  # the controller relaunches or closes: the rank saves nothing more
         self.report.held_seconds += time.perf_counter() - began
 
     def _verdict(self) -> Verdict | None:

@@ -107,7 +107,7 @@ class ProgressCallback(TrainerCallback):
         if self.stop.agreed():
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
-        if self.hold is not None and self.hold.ended:  # the controller relaunches or closes: nothing to keep
+        if self.hold is not None and self.report.status == "ended":  # the probe's verdict (hold.py): keep nothing
             control.should_save, control.should_training_stop = False, True
         if control.should_save:
             self._refuse_to_save_diverged(state)

@@ -43,7 +43,7 @@ def main(spec_path: str) -> int:
         result = trainer.train(resume_from_checkpoint=spec.resume)
         if trainer.eval_dataset is not None and spec.mode == "probe":
             evaluation.timed(trainer, report)
-        ended = _ended(trainer)  # by the probe's verdict: the controller relaunches or closes
+        ended = report.status == "ended"  # by the probe's verdict: the controller relaunches or closes
         evaluation.at_the_end(trainer, spec, stop.requested or ended)
         _results(report, trainer, result, stop)
         if spec.mode == "train" and not stop.requested and not ended:
@@ -166,11 +166,6 @@ def _memory(report: RankReport, on_gpu: bool) -> None:
     report.total_bytes = torch.cuda.get_device_properties(0).total_memory
     # times the caching allocator freed its cache to satisfy a request: each one stalls the step
     report.alloc_retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
-
-
-def _ended(trainer) -> bool:
-    progress = next((c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)), None)
-    return bool(progress and progress.hold and progress.hold.ended)
 
 
 def _stamp(report: RankReport, on_gpu: bool) -> None:
