@@ -1,12 +1,13 @@
-"""Where a checkpoint's save time goes on a GPU machine: tensors the size of ZeRO-2's state of a model on one
-GPU (the bf16 weights, the fp32 master weights and Adam's moments as flat partitions), saved piece by piece as
-DeepSpeed's checkpoint engine saves them (torch.save of GPU tensors), after torch.save with torch's
-use_pinned_memory_for_d2h off and on in turns. Prints one line per figure and writes them as JSON.
+"""A checkpoint's save on a GPU machine: tensors the size of ZeRO-2's state of a model on one GPU (the bf16
+weights, the fp32 master weights and Adam's moments as flat partitions) saved in one file by torch.save and by
+the job's writer (sft/ranks/saving.py) in turns, A/B/A/B; with --pieces, where torch.save's time goes (the
+copy off the GPU, the write, torch's use_pinned_memory_for_d2h off and on). Prints one line per figure and
+writes them as JSON.
 
-    python scripts/bench_checkpoint_save.py FOLDER [--params 4022468096] [--json OUT.json]
+    python scripts/bench_checkpoint_save.py FOLDER [--params 4022468096] [--pieces] [--json OUT.json]
 
-FOLDER is where the files are written (a tmpfs to leave the disk out); it needs 2 x 4 bytes x params free, and
-the host twice that in memory. Figures: docs/speed.md, 2026-12-03.
+FOLDER is where the files are written (a tmpfs to leave the disk out); it needs 14 bytes x params free, and
+the host twice that in memory. Figures: docs/speed.md, 2026-12-03 and 04.
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.serialization import config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sft.ranks import saving  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--params", type=int, default=4_022_468_096, help="elements per tensor (Qwen3-4B's)")
+    parser.add_argument("--pieces", action="store_true", help="where torch.save's time goes, piece by piece")
     parser.add_argument("--json", default="", help="also write the figures here")
     args = parser.parse_args()
     os.makedirs(args.folder, exist_ok=True)
@@ -38,15 +45,23 @@ def main() -> None:
         print(f"{name}: {figures[name]} s", flush=True)
         return result
 
-    def save(obj, name="a.pt"):
+    def save(obj, name="a.pt", by=torch.save):
         path = os.path.join(args.folder, name)
-        torch.save(obj, path)
+        by(obj, path)
         os.remove(path)
 
     gb = n * 4 / 1e9
     weights = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     master = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
     moment = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+    config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
+    if not args.pieces:  # the same ZeRO-2-sized state in one file, the job's writer against torch.save
+        state = {"module": weights, "fp32": master, "exp_avg": moment,
+                 "exp_avg_sq": torch.empty_like(moment).normal_()}
+        size = sum(t.numel() * t.element_size() for t in state.values()) / 1e9
+        for turn, (name, by) in enumerate([("torch.save", torch.save), ("saving.save", saving.save)] * 2):
+            timed(f"{name}: {size:.1f} GB from the GPU in one file (turn {turn + 1})", lambda: save(state, by=by))
+        return finish(args, figures, n)
     # first, before this process has pinned any memory: the first pinned turn pays for pinning it, as a job's
     # first save does (torch's caching host allocator keeps the pinned blocks for the next)
     config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
@@ -69,6 +84,10 @@ def main() -> None:
     timed(f"torch.save {gb:.1f} GB fp32 from host memory, CRC32 off", lambda: save({"t": host}))
     timed(f"torch.save {gb:.1f} GB fp32 from the GPU, CRC32 off", lambda: save({"t": master}))
     timed(f"torch.save {gb / 2:.1f} GB bf16 from the GPU, CRC32 off", lambda: save({"t": weights}))
+    finish(args, figures, n)
+
+
+def finish(args, figures: dict, n: int) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "params": n, "seconds": figures}, f, indent=1)

@@ -140,3 +140,29 @@ def test_flash_attention_4_keeps_packed_sequences_apart():
         compiled = model(**varlen, use_cache=False).logits[0]
     torch.testing.assert_close(losses(compiled, batch["input_ids"][0]), losses(packed, batch["input_ids"][0]),
                                rtol=0, atol=0.05)
+
+
+def test_a_checkpoint_written_from_the_gpu_is_torch_saves_byte_for_byte(tmp_path):
+    """sft/ranks/saving.py's pinned ring: GPU storages in chunks, after the work queued on them, into the file
+    torch.save writes; a second save reuses the ring instead of pinning more host memory."""
+    from torch.utils.serialization import config
+
+    from sft.ranks import saving
+
+    before, config.save.compute_crc32 = config.save.compute_crc32, False  # as the ranks save
+    try:
+        flat = torch.randn(40_000_000, device="cuda")  # 160 MB: three chunks
+        obj = {"flat": flat, "view": flat[3:9], "bf16": torch.randn(1000, 999, device="cuda").bfloat16(),
+               "host": torch.arange(10), "step": 5}
+        pinned = []
+        for turn in range(2):
+            (tmp_path / f"a{turn}").mkdir(), (tmp_path / f"b{turn}").mkdir()
+            flat.mul_(1.5).add_(turn)  # queued, not finished, when the save starts
+            written, expected = tmp_path / f"a{turn}" / "states.pt", tmp_path / f"b{turn}" / "states.pt"
+            assert saving.save(obj, written) is True
+            torch.save(obj, expected)
+            assert written.read_bytes() == expected.read_bytes()
+            pinned.append({k: v for k, v in torch.cuda.host_memory_stats().items() if "current" in k})
+        assert pinned[0] == pinned[1]
+    finally:
+        config.save.compute_crc32 = before

@@ -96,6 +96,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     if spec.attention == "flash_attention_4" and spec.compile:  # its interface is not traceable (upstream.py)
         upstream.flash_attention_4_outside_compile()
     upstream.checkpoints_without_crc32()
+    upstream.checkpoints_by_records()
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
