@@ -14,13 +14,18 @@ import time
 import pytest
 
 from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
+from hub_fixtures import client_env, start_hub_process
+from hubserver import RepoStore
+
 from sft import exitcodes
+from sft.hub.layout import hub_checkpoints
 
 pytestmark = pytest.mark.slow
 
 RUN = dict(save_steps=6, save_total_limit=2, max_steps=8, logging_steps=1, learning_rate=2e-3, precision="fp32",
            seed=0, packing="false", zero_stage="2")
 PROBE_STEPS = 3
+TOKEN = "hf_FAKE-probe-stop-secret-Kd8RmW3qTz6Yv"  # not a token's shape: no scanner mistakes it
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +65,21 @@ def test_its_steps_are_the_runs_first_with_the_losses_of_a_run_without_probe(run
     assert max(abs(went_on[k] - unprobed[k]) for k in went_on) < 1e-5, (went_on, unprobed)
 
 
-def test_a_stop_during_the_probes_steps_keeps_them_and_the_next_start_resumes(tmp_path):
+@pytest.fixture
+def hub(tmp_path):
+    process = start_hub_process(tmp_path / "hub")  # a local Hub server, its own process (tests/hubserver)
+    process.add_token(TOKEN, "alice", "write")
+    yield process
+    process.stop()
+
+
+def test_a_stop_during_the_probes_steps_keeps_them_uploads_them_and_the_next_start_resumes(tmp_path, hub):
     """docker stop while the probe times its steps: they are the training's, so the ranks save them as a training
-    launch does, and the next start resumes there (it does not probe again)."""
+    launch does, the checkpoint goes to the Hub before the job exits (its uploader had not begun: it begins at
+    the verdict), and the next start resumes there (it does not probe again)."""
     env = demo_env(tmp_path, probe_steps=5, **RUN)
+    env.update(client_env(hub.url, tmp_path / "hf-home"), SFT_HUB_REPO="alice/stopped-in-probe", HF_TOKEN=TOKEN)
+    del env["HF_HUB_DISABLE_XET"]  # the job chooses Git LFS itself, as for users (test_job_hub.py)
     env["SFTTEST_STEP_SECONDS"] = "0.5"  # steps long enough to stop among them
     out, log = tmp_path / "out", tmp_path / "job.log"
     with open(log, "w") as f:
@@ -81,6 +97,8 @@ def test_a_stop_during_the_probes_steps_keeps_them_and_the_next_start_resumes(tm
     assert summary["status"] == "stopped" and summary["probe"] is None
     saved = [int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")]
     assert len(saved) == 1 and 1 <= saved[0] < 5, saved
+    on_hub = hub_checkpoints(RepoStore(tmp_path / "hub").files("models", "alice/stopped-in-probe", "main")[1])
+    assert on_hub[0] == saved, (on_hub, log.read_text()[-3000:])
     del env["SFTTEST_STEP_SECONDS"]
     result = run_entrypoint(env)
     assert result.returncode == 0, result.stdout[-3000:]

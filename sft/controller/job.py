@@ -326,6 +326,9 @@ class Job:
         except OSError as e:
             say(f"error: could not write {self.paths.summary} or the loss plot ({e.strerror or e}): this "
                 "log is the only record of this start")
+        if self.uploader is None and code == exitcodes.STOPPED:  # a stop among the probe's steps, in the
+            # training's launch, saved them before the uploader began (at the verdict): the flush below sends them
+            self.uploader = uploads.start(self.s, self.target, self.paths, self.events, begin=False)
         if self.uploader is not None:
             grace = (self.timekeeper.seconds_left() if self.stopper.reason == "time limit" and self.timekeeper
                      else uploads.grace_left(self.s, self.stopper.requested_at))

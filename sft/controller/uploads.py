@@ -56,14 +56,16 @@ def resume_point(paths: Paths, target) -> Path | None:
     return resume
 
 
-def start(s: Settings, target, paths: Paths, events=None):
-    """The background uploader of checkpoints, or None without a repo."""
+def start(s: Settings, target, paths: Paths, events=None, begin: bool = True):
+    """The background uploader of checkpoints, or None without a repo. With begin=False, only made: its flush
+    (finish, below) starts it for the newest checkpoint."""
     from ..hub.uploader import Uploader
 
     if target is None:
         return None
     uploader = Uploader(target, paths.out, interval_s=s.upload_minutes * 60, keep=s.save_total_limit, events=events)
-    uploader.start()
+    if begin:
+        uploader.start()
     return uploader
 
 
