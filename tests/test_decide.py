@@ -198,9 +198,10 @@ def test_nothing_fits_says_why_with_the_plan():
 
 
 def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
-    # Qwen3-8B on 2 H200s: 4 rows per pass fit only with checkpointing; fewer rows fit without
+    # Qwen3-8B on 2 H200s with DeepSpeed's own step (an optimizer other than torch's fused AdamW): 4 rows per pass
+    # fit only with checkpointing; fewer rows fit without
     two = Machine(gpus=(H200,) * 2, host_memory_bytes=200 * GIB)
-    given = Inputs(Settings(), two, Q8)
+    given = Inputs(Settings(trainer_args='{"optim": "adamw_torch"}'), two, Q8)
     d = decide.decide(given)
     assert len(d.search) == 2
     larger, smaller = d.search
@@ -210,6 +211,9 @@ def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
     assert adopted.split == smaller and adopted.searched and adopted.search == ()
     assert adopted.record().batch == smaller and adopted.reasons["split"] == "the fastest"
     assert decided(shape=Q8, machine=two, micro_batch=4, batch_search="false").search == ()
+    # with the one-pass step (the defaults) no fp32 gradients are made: 4 rows fit without checkpointing
+    d = decide.decide(Inputs(Settings(), two, Q8))
+    assert not d.split.gradient_checkpointing and d.split.rows == 4 and d.row.states_not_made > 0
 
 
 def test_escalation_turns_checkpointing_on_then_moves_the_stage():

@@ -166,3 +166,32 @@ def test_a_checkpoint_written_from_the_gpu_is_torch_saves_byte_for_byte(tmp_path
         assert pinned[0] == pinned[1]
     finally:
         config.save.compute_crc32 = before
+
+
+def test_the_zero_step_in_one_pass_compiled_is_torchs_fused_adamw():
+    """sft/ranks/adamw.py compiled on the GPU (as the job runs it under ZeRO-1/2) against torch's fused AdamW on
+    the same fp32 master weights, from the bf16 gradients cast and clipped as DeepSpeed does, over three steps
+    with a changing learning rate and weight decay; the bf16 weights written are the master weights rounded.
+    (The eager form is held to DeepSpeed's own step by tests/test_upstream.py.)"""
+    from sft.ranks import adamw
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    master = torch.randn(5_000_003, device="cuda", generator=generator)  # odd: a partial last block
+    reference = master.clone()
+    weights = torch.empty(master.numel(), dtype=torch.bfloat16, device="cuda")
+    mine = torch.optim.AdamW([master], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    torchs = torch.optim.AdamW([reference], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    for lr in (1e-3, 5e-4, 2e-4):
+        gradient = torch.randn(master.numel(), device="cuda", generator=generator).bfloat16()
+        scale = torch.tensor(0.37, device="cuda")
+        for group in (*mine.param_groups, *torchs.param_groups):
+            group["lr"] = lr
+        adamw.step(mine, 0, master, gradient, weights, scale)
+        reference.grad = gradient.float() * scale
+        torchs.step()
+        torch.testing.assert_close(master, reference, rtol=1e-6, atol=1e-7)
+        for key in ("exp_avg", "exp_avg_sq"):
+            # a few float32 roundings apart: the compiled lerp and multiply-adds round where torch's kernel does not
+            torch.testing.assert_close(mine.state[master][key], torchs.state[reference][key], rtol=1e-5, atol=1e-7)
+        assert float(mine.state[master]["step"]) == float(torchs.state[reference]["step"])
+        assert torch.equal(weights, master.bfloat16())

@@ -81,6 +81,44 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
     assert result["job_nan"] == result["deepspeed_nan"] == [float("inf")]  # what the ranks stop on
 
 
+@pytest.mark.parametrize("world,fused,stage", [(1, "plain", "2"), (2, "fused", "2"), (2, "fused", "1")])
+def test_the_zero_step_in_one_pass_is_deepspeeds(world, fused, stage, tmp_path):
+    """The job's ZeRO-1/2 step (torch's AdamW from the bf16 gradients, clipped, in one pass: sft/ranks/adamw.py)
+    against DeepSpeed's own on the same four clipped steps from the same weights, through real DeepSpeed ZeRO-2
+    (and ZeRO-1) in bf16 on 1 and 2 CPU ranks (a parameter split between the ranks, padded partitions), two
+    parameter groups (weight decay and none), a learning rate that changes each step, torch's AdamW fused and
+    not: the same
+    norms, the same Adam moments, the master weights within float32's rounding, the same bf16 weights; and a
+    checkpoint the job's step saved loads into DeepSpeed's own and steps as the job's engine does."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, clean_environ
+    from sft.controller.launch import free_port
+
+    port, logs = free_port(), [tmp_path / f"rank{r}.log" for r in range(world)]
+    ranks = []
+    for r, log in enumerate(logs):  # each rank's output to a file, as in the test above
+        with log.open("w") as out:
+            ranks.append(subprocess.Popen([sys.executable, "-m", "tests.optimizer_step", str(port), str(r), str(world),
+                                           fused, str(tmp_path / "checkpoint"), stage], env=clean_environ(tmp_path),
+                                          cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
+    for r, log in zip(ranks, logs):
+        assert r.wait(timeout=600) == 0, log.read_text()[-6000:]
+    result = json.loads(next(line for line in reversed(logs[0].read_text().splitlines())
+                             if line.startswith('{"deepspeed"')))
+    assert result["calls"] == 5 * 2  # the job's step served both groups at every step
+    for deepspeeds, jobs in [*zip(result["deepspeed"], result["job"]), (result["after_loaded"][0],
+                                                                        result["after_job"][0])]:
+        assert jobs["norm"] == deepspeeds["norm"] > 0.5 and jobs["step"] == deepspeeds["step"]
+        for key in ("master", "exp_avg", "exp_avg_sq", "weights"):
+            for mine, theirs in zip(jobs[key], deepspeeds[key]):
+                assert mine == pytest.approx(theirs, rel=1e-6, abs=1e-8), key  # an update of ~1e-2: 1e-6 of it
+    moved = [abs(a - b) for a, b in zip(result["job"][3]["master"][0], result["job"][0]["master"][0])]
+    assert max(moved) > 1e-3  # the steps changed the weights: the comparison above is not of still weights
+
+
 def test_checkpoints_without_crc32_load_as_before(tmp_path):
     """The switch is torch's: records written without their CRC32 (the zip's field is 0), read back the same by
     torch.load, as a resume reads DeepSpeed's files (the job tests resume from such checkpoints on CPU ranks)."""

@@ -224,7 +224,15 @@ def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
     return Setup(d.ranks.count, gpu_gib, d.ranks.nodes, split.micro_batch, s.max_length,
                  split.gradient_checkpointing, host_gib, split.grad_accum, d.liger or d.compile,
                  split.offload_activations,
-                 d.sequence_parallel)
+                 d.sequence_parallel, _one_pass_step(inputs, d))
+
+
+def _one_pass_step(inputs: Inputs, d: Decision) -> bool:
+    """Whether the ranks' ZeRO-1/2 step runs in one pass (sft/ranks/upstream.py::zero_step_in_one_pass, for
+    bf16 on GPUs with torch's fused AdamW, the Trainer's default, and no optimizer of the DeepSpeed file's own);
+    the planner then counts no fp32 gradient partition. Offload and ZeRO-3 are left to memory.py."""
+    optim = inputs.settings.extra_trainer_args.get("optim", "adamw_torch_fused")
+    return d.ranks.on_gpu and d.bf16 and optim == "adamw_torch_fused" and not d.ds_config.get("optimizer")
 
 
 def _plan(inputs: Inputs, d: Decision, split: Split) -> Plan:

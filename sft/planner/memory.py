@@ -7,6 +7,7 @@
                     attention) + logits (TRL's fused LM head, or the full logits) + DeepSpeed's
                     communication buckets (from the DeepSpeed config)
       optimizer     the fp32 gradient partition DeepSpeed builds for Adam, once activations are gone
+                    (the flattened 16-bit one with the job's one-pass step, which makes no fp32 one)
                     (with offload: the 16-bit staging on its way to the host, during the backward)
   + margin          allocator fragmentation and the CUDA context
 
@@ -72,6 +73,11 @@ DS_DEFAULTS = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
 # are two peaks, and the plan takes the larger (ZeRO-2 with checkpointing peaks here whatever the
 # tokens per micro-batch: docs/memory-planner.md).
 STEP_FP32_GRAD_BYTES = 4
+# ZeRO-1/2's step in one pass (sft/ranks/adamw.py: bf16 on GPUs, torch's fused AdamW, no offload) makes no
+# fp32 gradient partition: not the 4 bytes DeepSpeed's estimator counts with the model states, not the step's
+# 4 above; its step holds the flattened 16-bit gradients instead. Measured on one H200 (2026-12-03, Qwen3-4B,
+# 4 x 2,048 tokens, no checkpointing): a peak of 92.94 GiB against 107.93 with DeepSpeed's step.
+ONE_PASS_STEP_BYTES = 2
 # With the optimizer offloaded, a 16-bit sub-group staged on the GPU during the backward, on its way to
 # the host (fitted to the one offload run measured, docs/memory-planner.md).
 OFFLOAD_STAGING_BYTES = 2
@@ -179,15 +185,27 @@ def bucket_bytes(stage: Stage, hidden_size: int, zero: Mapping[str, Any]) -> int
     return int((reduce + allgather) * COMM_BYTES * (OVERLAP_COMM_FACTOR if overlap else 1))
 
 
-def optimizer_step_bytes(stage: Stage, total_params: int, total_gpus: int, zero: Mapping[str, Any]) -> int:
-    """Bytes per GPU of the step's transient gradient: fp32 for Adam on the GPU; with the optimizer on the
-    CPU, the 16-bit sub-group staged on the GPU before its copy to the host."""
+def optimizer_step_bytes(stage: Stage, total_params: int, total_gpus: int, zero: Mapping[str, Any],
+                         one_pass_step: bool = False) -> int:
+    """Bytes per GPU of the step's transient gradient: fp32 for Adam on the GPU (16-bit, flattened, with the
+    one-pass step at ZeRO-1/2); with the optimizer on the CPU, the 16-bit sub-group staged on the GPU before
+    its copy to the host."""
     partition = -(-total_params // total_gpus)
     if stage.zero == 3:  # stage 3 steps one sub-group at a time
         partition = min(partition, _elements(zero, "sub_group_size"))
     if stage.offload_optimizer:
         return OFFLOAD_STAGING_BYTES * partition
+    if one_pass_step and stage.zero in (1, 2):
+        return ONE_PASS_STEP_BYTES * partition
     return STEP_FP32_GRAD_BYTES * partition
+
+
+def states_not_made(stage: Stage, total_params: int, total_gpus: int, one_pass_step: bool) -> int:
+    """Bytes per GPU of DeepSpeed's model states estimate that the one-pass step never allocates: the fp32
+    gradient partition (ZeRO-1/2 without offload)."""
+    if not one_pass_step or stage.zero == 3 or stage.offload_optimizer:
+        return 0
+    return STEP_FP32_GRAD_BYTES * -(-total_params // total_gpus)
 
 
 def busiest_phase(stage: Stage, backward: int, optimizer_step: int) -> int:

@@ -17,7 +17,7 @@ from .shape import ModelShape, model_shape
 
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
 BYTE_FIELDS = ("model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin",
-               "peak", "host")
+               "peak", "host", "states_not_made")
 LONGEST_ROW_SEARCHED = 4 * 2**20  # tokens: the longest row the plan looks for
 LONGEST_ROW_STEP = 1024  # its resolution
 
@@ -37,6 +37,7 @@ class Setup:
     liger_kernels: bool = False  # or compiled layers: their activations measured the same (docs/speed.md)
     offload_activations: bool = False  # checkpoints in host memory (with gradient_checkpointing)
     sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
+    one_pass_step: bool = False  # ZeRO-1/2's step in one pass, with no fp32 gradients (sft/ranks/adamw.py)
 
     @property
     def row_tokens(self) -> int:
@@ -67,11 +68,12 @@ class Row:
     optimizer_step: int
     accumulation: int
     margin: int
-    peak: int  # states + accumulation + the busier of backward and step + margin
+    peak: int  # states - states_not_made + accumulation + the busier of backward and step + margin
     host: int  # host memory per node: DeepSpeed's estimate for offload, and offloaded checkpoints
     fits_gpu: bool
     fits_host: bool | None  # None: not checked (no offload, or the host's memory was not given)
     why: str
+    states_not_made: int = 0  # of model_states (DeepSpeed's estimate): fp32 gradients the one-pass step never makes
     longest_row: int | None = None  # tokens of one row that still fit, this setup otherwise (plan_from_shape)
     longest_row_checkpointed: int | None = None  # the same with checkpointing on, checkpoints on the GPU
     longest_row_offloaded: int | None = None  # ... and with the checkpoints in host memory
@@ -123,11 +125,13 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
                                                _offloading(setup)),
         "logits": memory.logits_bytes(shape, setup.micro_batch, setup.row_tokens),
         "buckets": memory.bucket_bytes(stage, shape.hidden_size, zero),
-        "optimizer_step": memory.optimizer_step_bytes(stage, shape.total_params, setup.total_gpus, zero),
+        "optimizer_step": memory.optimizer_step_bytes(stage, shape.total_params, setup.total_gpus, zero,
+                                                      setup.one_pass_step),
         "accumulation": memory.accumulation_bytes(stage, shape.total_params, setup.total_gpus, setup.grad_accum),
+        "states_not_made": memory.states_not_made(stage, shape.total_params, setup.total_gpus, setup.one_pass_step),
     }
     backward = terms["activations"] + terms["logits"] + terms["buckets"]
-    unmargined = (terms["model_states"] + terms["accumulation"]
+    unmargined = (terms["model_states"] - terms["states_not_made"] + terms["accumulation"]
                   + memory.busiest_phase(stage, backward, terms["optimizer_step"]))
     margin = memory.margin_bytes(unmargined)
     peak = unmargined + margin
@@ -207,7 +211,7 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
                     host_memory_gib: float | None = None,
                     ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1,
                     liger_kernels: bool = False, offload_activations: bool = False,
-                    sequence_parallel: int = 1) -> Plan:
+                    sequence_parallel: int = 1, one_pass_step: bool = False) -> Plan:
     """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config
     (default: the shipped ones)."""
     problems = [f"{name}={value!r}: expected at least 1" for name, value in
@@ -219,7 +223,7 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
     if problems:
         raise ValueError("; ".join(problems))
     setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
-                  host_memory_gib, grad_accum, liger_kernels, offload_activations, sequence_parallel)
+                  host_memory_gib, grad_accum, liger_kernels, offload_activations, sequence_parallel, one_pass_step)
     configs = ds_configs or {}
     split = max(shape.sequence_parallel_degrees(gpus_per_node), default=1)
     rows = []
@@ -262,7 +266,10 @@ def format_table(p: Plan) -> str:
                      f"{gib(r.logits):>8.2f}{gib(r.buckets):>8.2f}{gib(r.optimizer_step):>7.2f}"
                      f"{gib(r.accumulation):>7.2f}{gib(r.margin):>8.2f}{gib(r.peak):>8.2f}"
                      f"{gib(r.host):>9.2f}  {fits}")
-    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin",
+    not_made = max((r.states_not_made for r in p.rows), default=0)
+    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin"
+              + (f"; ZeRO-1/2 less {gib(not_made):.2f} of states: their step makes no fp32 gradients" if not_made
+                 else ""),
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
               "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
               "", *_longest_rows_table(p),

@@ -91,6 +91,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         upstream.fused_head_with_offloaded_checkpoints()  # a no-op for ZeRO-3's own parameters
     else:
         upstream.gradient_norm_in_fp32()
+        upstream.zero_step_in_one_pass()
     if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)
         upstream.flex_block_mask_uncompiled()
     if spec.attention == "flash_attention_4" and spec.compile:  # its interface is not traceable (upstream.py)

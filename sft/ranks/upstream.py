@@ -194,3 +194,69 @@ def checkpoints_by_records() -> None:
 
     save.by_records = True
     TorchCheckpointEngine.save = save
+
+
+def zero_step_in_one_pass() -> None:
+    """DeepSpeed 0.19.8's ZeRO-1/2 step with its optimizer pass as one (sft/ranks/adamw.py says why and what it
+    gives): DeepSpeed's own step, restated below for the one case it serves (16-bit weights in bf16, the
+    optimizer torch's AdamW, no offload, Muon, MoE, loss scaling or overflow check, DeepSpeed's timers off), except
+    that the gradients, once flattened, go to adamw.step instead of the fp32 cast, the clipping multiply, the
+    optimizer and the copy back; and the clipping factor stays on the GPU (DeepSpeed asks the GPU whether the
+    norm is finite first; an invalid norm is clipped as infinite, as DeepSpeed clips it). Any other case goes to
+    DeepSpeed's own step. Remove when DeepSpeed's step reads 16-bit gradients into the optimizer itself."""
+    from deepspeed.runtime.zero import stage_1_and_2 as zero
+    from deepspeed.utils.timer import NoopTimer
+
+    from sft.ranks import adamw
+
+    original = zero.DeepSpeedZeroOptimizer.step
+    if getattr(original, "in_one_pass", False):
+        return
+
+    def served(self) -> bool:
+        return (self.dtype == torch.bfloat16 and not self.cpu_offload and not self.zenflow
+                and not self.torch_autocast_gradscaler and not self.check_grad_overflow and not self.has_moe_layers
+                and self.loss_scale == 1.0 and not self.groups_lacking_loss_scale and not self._muon_pending_momentum
+                and isinstance(self.timers, NoopTimer)
+                and adamw.supports(self.optimizer, self.single_partition_of_fp32_groups[0].device))
+
+    @functools.wraps(original)
+    def step(self, closure=None):
+        if not served(self):
+            return original(self, closure)
+        self.micro_step_id = zero.INITIAL_MICRO_STEP_ID
+        self.overflow = False
+        norm = self.scaled_global_norm() if self.compute_grad_norm else None
+        self._update_scale(False)
+        self._global_grad_norm = norm  # / the loss scale, 1
+        scale = torch.ones((), dtype=torch.float32, device=self.single_partition_of_fp32_groups[0].device)
+        if self.clip_grad > 0.0 and norm is not None:  # DeepSpeed's unscale_and_clip_grads, without asking the GPU
+            norm = torch.where(torch.isfinite(norm) & (norm >= 0), norm, torch.full_like(norm, float("inf")))
+            scale = 1.0 / torch.clamp((norm + 1e-6) / self.clip_grad, min=1.0)
+        for i in range(len(self.bit16_groups)):
+            partition_id = zero.dist.get_rank(group=self.real_dp_process_group[i])
+            self.free_grad_in_param_list(self.params_not_in_partition[i])
+            flat = self._get_preflattened_grad_partition(i)
+            if flat is None:
+                if partition_id == zero.dist.get_world_size(group=self.real_dp_process_group[i]) - 1:
+                    flat = self.flatten_dense_tensors_aligned(self.averaged_gradients[i], int(self.partition_size[i]))
+                else:
+                    flat = self.flatten(self.averaged_gradients[i])
+            self.free_grad_in_param_list(self.params_in_partition[i])
+            self._release_preflattened_grad_buffers(i)
+            self.averaged_gradients[i] = None
+            self.all_grad_tensors[i] = None
+            adamw.step(self.optimizer, i, self.single_partition_of_fp32_groups[i], flat,
+                       self.parallel_partitioned_bit16_groups[i][partition_id], scale)
+            del flat
+        self._lazy_init_hp_params_optimizer_state()
+        zero.all_gather_dp_groups(groups_flat=self.bit16_groups_flat,
+                                  partitioned_param_groups=self.parallel_partitioned_bit16_groups,
+                                  dp_process_group=self.real_dp_process_group,
+                                  start_alignment_factor=self.nccl_start_alignment_factor,
+                                  allgather_bucket_size=self.allgather_bucket_size)
+        for i in range(len(self.bit16_groups)):
+            self._update_model_bit16_weights(i)
+
+    step.in_one_pass = True
+    zero.DeepSpeedZeroOptimizer.step = step

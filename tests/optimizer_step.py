@@ -1,0 +1,82 @@
+"""DeepSpeed's ZeRO-1 or 2 step against the job's (sft/ranks/upstream.py::zero_step_in_one_pass) on the same training:
+real DeepSpeed in bf16 on CPU ranks (gloo), torch's AdamW with two parameter groups (weight decay and none, as
+the Trainer makes them) and a learning rate that changes each step, clipping on; four steps with DeepSpeed's
+own step, then the same four from the same weights with the job's. Then the job's engine saves a checkpoint,
+a fresh engine with DeepSpeed's own step loads it, and both take one more step. Parameters of odd sizes, so
+with two ranks a parameter is split between them and the partitions are padded. Rank 0 prints one JSON line.
+Usage: python -m tests.optimizer_step PORT RANK WORLD_SIZE FUSED CHECKPOINT_DIR STAGE, from the repository root
+(run by tests/test_upstream.py)."""
+
+import json
+import os
+import sys
+
+port, rank, world, fused, folder, stage = sys.argv[1:7]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE=world, LOCAL_RANK=rank)
+
+import deepspeed  # noqa: E402
+import torch  # noqa: E402
+from deepspeed.runtime.zero import stage_1_and_2 as zero  # noqa: E402
+from torch import nn  # noqa: E402
+
+from sft.ranks import adamw, upstream  # noqa: E402
+from sft.stages import shipped_config  # noqa: E402
+
+config = shipped_config(stage)
+config.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, train_batch_size=2 * int(world),
+              gradient_clipping=0.5)
+config["bf16"]["enabled"] = True
+deepspeed.init_distributed(dist_backend="gloo")
+deepspeeds_step = zero.DeepSpeedZeroOptimizer.step
+
+
+def engine_of(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Embedding(53, 27), nn.Linear(27, 41), nn.GELU(), nn.LayerNorm(41), nn.Linear(41, 53))
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
+    rest = [p for n, p in model.named_parameters() if not (n.endswith("weight") and p.dim() > 1)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=1e-2, betas=(0.9, 0.95), eps=1e-8, fused=fused == "fused")
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config)
+    return engine
+
+
+def train(engine, steps: int, seed: int) -> list[dict]:
+    """After each step: the norm, and every rank's partitions of the master weights and Adam's moments, and the
+    module's bf16 weights, as lists."""
+    generator = torch.Generator().manual_seed(seed + int(rank))
+    seen = []
+    for _ in range(steps):
+        tokens = torch.randint(0, 53, (2, 7), generator=generator)
+        loss = nn.functional.cross_entropy(engine(tokens).float().flatten(0, 1), tokens.roll(1, 1).flatten())
+        engine.backward(loss * 40)  # gradients far above the clipping's 0.5, so every step is clipped
+        engine.step()
+        zero_optimizer = engine.optimizer
+        state = [zero_optimizer.optimizer.state[m] for m in zero_optimizer.single_partition_of_fp32_groups]
+        seen.append({"norm": float(engine.get_global_grad_norm()),
+                     "master": [m.tolist() for m in zero_optimizer.single_partition_of_fp32_groups],
+                     "exp_avg": [s["exp_avg"].tolist() for s in state],
+                     "exp_avg_sq": [s["exp_avg_sq"].tolist() for s in state],
+                     "step": [float(s["step"]) for s in state],
+                     "weights": [p.detach().float().flatten().tolist() for p in engine.module.parameters()]})
+    return seen
+
+
+deepspeeds = train(engine_of(), 4, seed=1)
+upstream.zero_step_in_one_pass()
+upstream.zero_step_in_one_pass()  # installed twice: wraps once
+calls = []
+real = adamw.step
+adamw.step = lambda *args: calls.append(args[1]) or real(*args)  # counts the groups the job's step served
+job_engine = engine_of()
+jobs = train(job_engine, 4, seed=1)
+job_engine.save_checkpoint(folder, tag="t")
+after_job = train(job_engine, 1, seed=2)
+zero.DeepSpeedZeroOptimizer.step = deepspeeds_step  # a fresh engine with DeepSpeed's own step loads it
+loaded = engine_of(seed=5)
+loaded.load_checkpoint(folder, tag="t")
+after_loaded = train(loaded, 1, seed=2)
+if rank == "0":
+    print(json.dumps({"deepspeed": deepspeeds, "job": jobs, "calls": len(calls), "after_job": after_job,
+                      "after_loaded": after_loaded}))
