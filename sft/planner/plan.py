@@ -268,7 +268,7 @@ def format_table(p: Plan) -> str:
                      f"{gib(r.host):>9.2f}  {fits}")
     not_made = max((r.states_not_made for r in p.rows), default=0)
     lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin"
-              + (f"; ZeRO-1/2 less {gib(not_made):.2f} of states: their step makes no fp32 gradients" if not_made
+              + (f"; ZeRO-1/2 less {gib(not_made):.2f} GiB of states: their step makes no fp32 gradients" if not_made
                  else ""),
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
               "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
