@@ -7,7 +7,7 @@ writes them as JSON.
     python scripts/bench_checkpoint_save.py FOLDER [--params 4022468096] [--pieces] [--json OUT.json]
 
 FOLDER is where the files are written (a tmpfs to leave the disk out); it needs 14 bytes x params free, and
-the host twice that in memory. Figures: docs/speed.md, 2026-12-03 and 04.
+the host twice that in memory. Figures: docs/speed.md, 2026-12-03.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ def main() -> None:
         return finish(args, figures, n)
     # first, before this process has pinned any memory: the first pinned turn pays for pinning it, as a job's
     # first save does (torch's caching host allocator keeps the pinned blocks for the next)
-    config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
     for turn, pinned_d2h in enumerate((False, True, False, True)):
         config.save.use_pinned_memory_for_d2h = pinned_d2h
         timed(f"torch.save {2 * gb:.1f} GB fp32 (two tensors) from the GPU, pinned copies "
