@@ -11,7 +11,9 @@ which a profiled step pays, and cProfile slows Python-heavy code further: profil
 With SFTDEV_PROFILE_TIMELINE=1 the step runs as it would, with nothing synchronised and no cProfile: the
 profiler records Python's stacks instead, and profile-rank0.gaps.txt says what the host was running while
 the GPU had no kernel (the step's idle time by Python stack), the question a synchronised split cannot
-answer (its synchronisations make idle time of their own).
+answer (its synchronisations make idle time of their own). It also lists every call in the step that made the
+host wait for the GPU's queue (torch's sync debug mode: `.item()`, a copy from pageable memory, a device
+synchronisation), counted by Python stack: the waits reads.py exists to remove.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import os
 import pstats
 import re
 import time
+import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +74,7 @@ class StepProfile(TrainerCallback):
         if self.timeline:
             self.prof = torch.profiler.profile(activities=activities, with_stack=True)
             self.prof.__enter__()
+            self.syncs = Syncs().__enter__()
             self.began = time.perf_counter()
             return
         self._mark_phases(self.trainer.model_wrapped)
@@ -102,6 +107,8 @@ class StepProfile(TrainerCallback):
         self.prof = None
 
     def _end_timeline(self) -> None:
+        syncs, self.syncs = self.syncs, None
+        syncs.__exit__(None, None, None)
         _sync()  # after the step: its kernels end inside the trace
         wall = time.perf_counter() - self.began
         prof, self.prof = self.prof, None
@@ -114,7 +121,7 @@ class StepProfile(TrainerCallback):
                 json.loads(trace.read_text()))
         except Exception as e:  # noqa: BLE001
             text = f"profiled step {self.step}: the timeline could not be read: {type(e).__name__}: {e}\n"
-        (self.out / "profile-rank0.gaps.txt").write_text(text)
+        (self.out / "profile-rank0.gaps.txt").write_text(text + "\n" + syncs.report())
         if trace.exists():
             with open(trace, "rb") as f, gzip.open(f"{trace}.gz", "wb") as g:
                 g.write(f.read())
@@ -135,6 +142,40 @@ class StepProfile(TrainerCallback):
 
             self.restore.append((engine, name, original))
             setattr(engine, name, marked)
+
+
+class Syncs:
+    """The calls that made the host wait for the GPU's queue while it is entered, with their Python stacks:
+    torch's sync debug mode warns at each, in whichever thread (the backward's hooks run in autograd's)."""
+
+    def __enter__(self) -> Syncs:
+        self.stacks: dict[str, int] = {}
+        self.catching = warnings.catch_warnings()
+        self.catching.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._seen
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
+        self.catching.__exit__(*exc)
+
+    def _seen(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchronizing" not in str(message):
+            return
+        frames = [f"{m.group(1)}({f.lineno}): {f.name}" for f in traceback.extract_stack()[:-1]
+                  if (m := NAMED.search(f.filename.replace("\\", "/"))) and "profiling.py" not in f.filename]
+        key = " > ".join(frames[-4:]) or f"{filename}({lineno})"
+        self.stacks[key] = self.stacks.get(key, 0) + 1
+
+    def report(self) -> str:
+        total = sum(self.stacks.values())
+        lines = [f"host waits for the GPU's queue in the step: {total}"]
+        lines += [f"  {n:4d}  {k}" for k, n in sorted(self.stacks.items(), key=lambda kv: -kv[1])]
+        return "\n".join(lines) + "\n"
 
 
 def _python_table(profile: cProfile.Profile) -> str:
@@ -184,7 +225,7 @@ def _union(spans: list[tuple[float, float]]) -> float:
 # (the libraries a step runs through; torch's own frames are too many to read).
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_OPS = ("cpu_op", "cuda_runtime", "cuda_driver")
-NAMED = re.compile(r"(?:^|/)((?:sft|trl|transformers|deepspeed|accelerate|torch/optim|liger_kernel)/.*)")
+NAMED = re.compile(r"(?:^|/)((?:sft|trl|transformers|deepspeed|accelerate|torch/optim|liger_kernel|flash_attn)/.*)")
 ENGINE_PHASE = re.compile(r"deepspeed/runtime/engine\.py\(\d+\): (forward|backward|step)$")
 SAMPLE_US = 10.0
 
