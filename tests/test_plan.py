@@ -10,7 +10,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from transformers import Qwen3Config
 
 from sft import stages
-from sft.planner import memory, plan as P
+from sft.planner import memory, rules
+from sft.planner import plan as P
 from sft.planner.shape import ModelShape, model_shape
 
 GIB = 2**30
@@ -315,8 +316,9 @@ def test_the_longest_row_each_way_of_keeping_it():
     for p in (one, eight):
         setup = replace(p.setup, micro_batch=1)
         for r in p.rows:
-            config = stages.shipped_config(r.option)
             stage = stages.get(r.option)
+            # as the plan takes it: the shipped config, overlap_comm off at one rank (planner/rules.py)
+            config = rules.overlap_comm(stages.shipped_config(r.option), stage, p.setup.gpus_per_node, False)[0]
             for tokens, ckpt, offload, n in ((r.longest_row_checkpointed, True, False, 1),
                                              (r.longest_row_offloaded, True, True, 1),
                                              (r.longest_row_split, True, True, p.split)):

@@ -198,8 +198,10 @@ def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, An
     compiled, why_compile = rules.compile_model(s, d.ranks, stage, d.sequence_parallel)
     liger, why_liger = rules.liger(s, d.ranks, m, compiled)
     attention, why_attention = rules.attention(s, d.ranks, m, d.sequence_parallel, compiled)
+    config, why_overlap = rules.overlap_comm(config, stage, d.ranks.world, inputs.user_config is not None)
     return _replace(d, stage=stage, ds_config=config, compile=compiled, liger=liger, attention=attention,
-                    reasons={**d.reasons, "compile": why_compile, "liger": why_liger, "attention": why_attention})
+                    reasons={**d.reasons, "compile": why_compile, "liger": why_liger, "attention": why_attention,
+                             "overlap_comm": why_overlap})
 
 
 def _fitting_level(inputs: Inputs, d: Decision) -> Split | None:

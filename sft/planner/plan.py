@@ -12,7 +12,7 @@ from typing import Any
 from .. import stages
 from ..stages import Stage
 from ..units import GIB, gib
-from . import memory
+from . import memory, rules
 from .shape import ModelShape, model_shape
 
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
@@ -228,7 +228,8 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
     split = max(shape.sequence_parallel_degrees(gpus_per_node), default=1)
     rows = []
     for s in stages.TABLE:
-        config = configs.get(s.name) or stages.shipped_config(s.name)
+        config = configs.get(s.name) or rules.overlap_comm(stages.shipped_config(s.name), s, gpus_per_node * nodes,
+                                                           False)[0]
         rows.append(replace(estimate_row(s, shape, setup, config), **longest_rows(s, shape, setup, config, split)))
     rows = tuple(rows)
     choice, reason = choose(rows, setup)
