@@ -58,3 +58,8 @@ logged = not_finite({"loss": loss, "grad_norm": norm}, 2, applied)
 print(json.dumps({"loss": loss, "grad_norm": norm, "applied": applied, "at_save": at_save,
                   "at_log": logged and str(logged),
                   "weights_nan": any(bool(p.float().isnan().any()) for p in engine.module.parameters())}))
+
+# Leave as the ranks leave (sft/ranks/train.py): at the interpreter's teardown a library thread still running now
+# and then aborts the process ("terminate called without an active exception") after its result is printed.
+sys.stdout.flush()
+os._exit(0)

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, Evaluated, EventLog, Progress
 from ..handoff import CheckpointRecord, RankReport, write_json
 from . import faults
+from .reads import Read
 
 PROGRESS_EVERY_S = 2.0  # run/progress.json is rewritten at most this often (and after each save)
 RATE_WINDOW = 20  # steps over which seconds per step are taken
@@ -30,22 +31,32 @@ class StopRequest:
     def __init__(self, stop_file: Path):
         self.stop_file = stop_file
         self.requested = False
+        self._asked: Read | None = None  # the lagged question on its way
 
     def on_signal(self, signum, frame) -> None:
         print(f"[rank {os.environ.get('RANK', '?')}] SIGTERM: saving a checkpoint at the end of this step",
               file=sys.stderr, flush=True)
         self.requested = True
 
-    def agreed(self) -> bool:
-        """True on every rank once any rank was asked to stop (all ranks must save at the same step)."""
+    def agreed(self, lagged: bool = False) -> bool:
+        """True on every rank once any rank was asked to stop (all ranks must save at the same step).
+
+        lagged: what the ranks agreed at the previous lagged call, this call's question sent on its way, so the
+        host never waits for the step the GPU is still running (reads.py says why that matters); at each step,
+        where a stop then comes one step later. One rank has no one to agree with: nothing is sent."""
         local = self.requested or self.stop_file.exists()
-        if not dist.is_initialized():
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            self.requested = local
             return local
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        flag = torch.tensor([1.0 if local else 0.0], device=device)
+        flag = torch.full((1,), 1.0 if local else 0.0, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one float per step: negligible next to a step's traffic
-        self.requested = bool(flag.item())
-        return self.requested
+        asked = Read(flag)
+        if lagged:
+            asked, self._asked = self._asked, asked
+        agreed = asked is not None and asked.item() > 0
+        self.requested = local or agreed
+        return agreed
 
 
 class LossNotFinite(RuntimeError):
@@ -104,7 +115,7 @@ class ProgressCallback(TrainerCallback):
             self.hold.wait(self.trainer, state.global_step)
             for name, value in flags.items():  # the probe's timed evaluation clears the step's own log and evaluation
                 setattr(control, name, value)
-        if self.stop.agreed():
+        if self.stop.agreed(lagged=True):
             control.should_save = args.save_strategy != "no"
             control.should_training_stop = True
         if self.hold is not None and self.report.status == "ended":  # the probe's verdict (hold.py): keep nothing
@@ -123,15 +134,19 @@ class ProgressCallback(TrainerCallback):
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        error = not_finite(logs or {}, state.global_step, self._last_step()[1])
+        error = not_finite(logs or {}, state.global_step, self._step_applied())
         if error:
             raise error
 
     def _last_step(self) -> tuple[float | None, bool]:
         """DeepSpeed's gradient norm of the last optimizer step, and whether that step changed the weights."""
         engine = getattr(self.trainer, "model_wrapped", None)
-        norm = getattr(engine, "get_global_grad_norm", lambda: None)()
-        return (None if norm is None else float(norm)), bool(getattr(engine, "was_step_applied", lambda: True)())
+        norm = getattr(engine, "get_global_grad_norm", lambda: None)()  # waits for the step: before a save only
+        return (None if norm is None else float(norm)), self._step_applied()
+
+    def _step_applied(self) -> bool:
+        engine = getattr(self.trainer, "model_wrapped", None)
+        return bool(getattr(engine, "was_step_applied", lambda: True)())
 
     def _refuse_to_save_diverged(self, state) -> None:
         """Before a checkpoint: the loss summed since the last log (the Trainer's own running sum, which holds

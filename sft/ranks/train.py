@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from .. import exitcodes
-from ..handoff import CheckpointRecord, RankReport, RunSpec
+from ..handoff import CheckpointRecord, DataPlan, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import evaluation, faults, profiling, seqpar, universal, upstream
+from . import evaluation, faults, profiling, reads, seqpar, universal, upstream
 from .hold import Hold
 from .progress import ProgressCallback, StopRequest
 
@@ -74,9 +74,8 @@ def _setup_distributed(timeout_s: int) -> bool:
 
 
 def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankReport):
-    """SFTTrainer on the run's data, with a callback that times steps and watches for a stop."""
-    from trl import SFTTrainer
-
+    """SFTTrainer on the run's data (its step's numbers read without waiting on the GPU: reads.py), with a
+    callback that times steps and watches for a stop."""
     from .. import tracking
     from ..data.sources import build
     from .trainer import regional_compilation, trainer_arguments
@@ -96,6 +95,10 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         upstream.flex_block_mask_uncompiled()
     if spec.attention == "flash_attention_4" and spec.compile:  # its interface is not traceable (upstream.py)
         upstream.flash_attention_4_outside_compile()
+    if spec.attention == "flash_attention_4":  # the packed rows' mask is None whatever it is asked
+        upstream.packed_rows_unchecked()
+    if (spec.data or DataPlan(train=[])).loss_on == "all":  # nothing worth a wait to skip in the LM head
+        upstream.every_position_scored()
     upstream.checkpoints_without_crc32()
     upstream.checkpoints_by_records()
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
@@ -110,7 +113,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
     callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir),
                  universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
-    trainer = SFTTrainer(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
+    trainer = reads.trainer_class()(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:
         if c is not None:

@@ -100,8 +100,9 @@ def job_arguments(spec: RunSpec, on_gpu: bool, in_rank: bool = True) -> dict[str
         eval_strategy="steps" if data.evaluates and not probe else "no",
         eval_steps=data.eval_steps,
         per_device_eval_batch_size=spec.micro_batch,
-        # On CPU ranks the Trainer must use the gloo state train.py made (docs/facts.md).
-        accelerator_config={"use_configured_state": in_rank and not on_gpu},
+        # On CPU ranks the Trainer must use the gloo state train.py made (docs/facts.md). On GPUs each batch is
+        # copied from pinned memory without the host waiting for the GPU's queue (reads.py says why)
+        accelerator_config={"use_configured_state": in_rank and not on_gpu, "non_blocking": on_gpu},
         parallelism_config=sequence_parallelism(spec),
         pad_to_multiple_of=row_padding(spec, on_gpu),
     )

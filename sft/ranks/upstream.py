@@ -105,6 +105,30 @@ def flex_block_mask_uncompiled() -> None:
     mu.AttentionMaskInterface.register("flex_attention", flex_attention_mask)
 
 
+def packed_rows_unchecked() -> None:
+    """Transformers 5.24's causal mask, for each forward of packed rows, asks the GPU whether the row holds more than
+    one sequence (`find_packed_sequence_indices`: `.all()` on a GPU tensor, a wait for the GPU's queue; reads.py
+    says what such a wait costs). FlashAttention's mask (`flash_attention_mask`) is None for rows without padding
+    whatever the answer: the kernel takes the sequences' bounds from TRL's collator (cu_seq_lens). So with
+    FlashAttention-4 the question is not asked. Remove when Transformers skips it for FlashAttention itself."""
+    from transformers import masking_utils as mu
+
+    mu.find_packed_sequence_indices = lambda position_ids: None
+
+
+def every_position_scored() -> None:
+    """TRL 1.16's fused LM head scores only the positions with a label (`hidden_states[mask]`), a boolean index whose
+    size the host must read from the GPU: four waits for the GPU's queue a micro-step, two in the forward and two
+    in the backward (reads.py says what such a wait costs). With the loss on every token the positions without a
+    label are one per packed conversation, so scoring all of them (TRL's own path off Triton devices: the same
+    losses, the unlabelled positions zeroed) costs about nothing and waits for nothing. Only then: with the loss
+    on the assistant's turns or completions the skipped prompt tokens are worth the waits. Remove when TRL's
+    compact path no longer reads the count."""
+    from trl.trainer import utils
+
+    utils._use_triton = lambda device: False
+
+
 def flash_attention_4_outside_compile() -> None:
     """Under torch.compile, Dynamo traces into Transformers 5.24's FlashAttention-4 forward and flash-attn-4
     4.0.0b36's Python interface, which break its graph several times and guard on what changes from layer to
@@ -153,7 +177,9 @@ def gradient_norm_in_fp32() -> None:
         zero.dist.all_reduce(total, op=zero.dist.ReduceOp.SUM, group=self.dp_process_group)
         self._model_parallel_all_reduce(tensor=total, op=zero.dist.ReduceOp.SUM)
         total = total.sqrt()
-        zero.mask_nan_or_inf_with_val_inplace(total, device=self.device)
+        # DeepSpeed's mask_nan_or_inf_with_val_inplace, without its torch.tensor(-1.0, device=...), a copy from
+        # the host that waits for the GPU's queue (reads.py says what that costs)
+        total.masked_fill_(~torch.isfinite(total), -1.0)
         return total
 
     get_grad_norm_direct.in_fp32 = True
@@ -207,7 +233,7 @@ def zero_step_in_one_pass() -> None:
     from deepspeed.runtime.zero import stage_1_and_2 as zero
     from deepspeed.utils.timer import NoopTimer
 
-    from sft.ranks import adamw
+    from sft.ranks import adamw, reads
 
     original = zero.DeepSpeedZeroOptimizer.step
     if getattr(original, "in_one_pass", False):
@@ -227,6 +253,8 @@ def zero_step_in_one_pass() -> None:
         self.micro_step_id = zero.INITIAL_MICRO_STEP_ID
         self.overflow = False
         norm = self.scaled_global_norm() if self.compute_grad_norm else None
+        # the Trainer logs it: read here, before the optimizer's kernel is queued behind it (reads.py)
+        self.norm_read = reads.Read(norm) if norm is not None else None
         self._update_scale(False)
         self._global_grad_norm = norm  # / the loss scale, 1
         scale = torch.ones((), dtype=torch.float32, device=self.single_partition_of_fp32_groups[0].device)
