@@ -8,8 +8,9 @@ import json
 
 import pytest
 import torch
-
 from conftest import demo_env, read_summary, run_entrypoint
+
+from sft.settings_checks import flash_attention_4_installed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -20,7 +21,9 @@ def test_job_on_the_gpu_in_bf16(tmp_path, stage):
                                      max_length=128, learning_rate=2e-3))
     assert result.returncode == 0, result.stdout[-3000:]
     summary = read_summary(tmp_path / "out")
-    assert summary["resolved"]["attention"] == "flex_attention" and summary["resolved"]["precision"] == "auto"
+    # auto: FlashAttention-4 for compiled layers (ZeRO-2) where flash-attn-4 is installed, else flex attention
+    attention = "flash_attention_4" if stage == "2" and flash_attention_4_installed() else "flex_attention"
+    assert summary["resolved"]["attention"] == attention and summary["resolved"]["precision"] == "bf16"
     probe = json.loads((tmp_path / "out" / "run" / "probe.json").read_text())
     assert probe["device"].startswith("NVIDIA") and all(g > 0 for g in probe["peak_reserved_gib"])
     predicted = next(o["peak"] for o in summary["plan"]["options"] if o["option"] == stage)
