@@ -20,6 +20,8 @@ def _logged(tmp_path, name: str, **extra: str) -> tuple[list[dict], dict]:
     result = run_entrypoint(env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / name / "out" / "run" / "reports" / "train-rank0.json").read_text())
+    own = "the step's numbers read by .item()" in result.stdout + result.stderr  # SFTDEV_OWN_READS reached them
+    assert own == ("SFTDEV_OWN_READS" in extra), name
     return report["log_history"], read_summary(tmp_path / name / "out")
 
 

@@ -74,6 +74,8 @@ def trainer_class():
                           and self.compute_loss_func is None and not self.aux_loss_enabled
                           and not (self.label_smoother is not None and self.args.loss_type == "nll")
                           and not (sp is not None and sp.sp_enabled))
+            if not self.reads and self.args.process_index == 0:
+                print("[rank 0] the step's numbers read by .item(): TRL's and the Trainer's own reads", flush=True)
             self._pending: list[Read] = []  # per micro-step: loss, then (below) the metrics' sums over ranks
             self._micro: torch.Tensor | None = None  # this micro-step's metrics, until its backward
             self._loss_since_log = 0.0
