@@ -86,6 +86,11 @@ CONFIGS = {
     "fa4": dict(attention="flash_attention_4"),
     "flex": dict(attention="flex_attention"),  # the defaults before auto chose FlashAttention-4 where installed
     "fa4-nocompile": dict(attention="flash_attention_4", compile="false"),
+    # the defaults' settings when issue 16 was filed (2026-12-01): uncompiled, Liger's kernels, flex attention,
+    # 8,192 tokens a step; on the code of the day it runs, so its one-pass step and host reads count in it
+    "issue16-defaults": dict(compile="false", liger_kernels="true", attention="flex_attention", tokens_per_step=8192),
+    # those with compile: each layer compiled with flex attention, Liger off (compiled with Liger the loss is NaN)
+    "issue16-compile": dict(compile="true", liger_kernels="false", attention="flex_attention", tokens_per_step=8192),
 }
 
 
@@ -117,7 +122,7 @@ def attention_flops_per_token(model: str, data: str, max_length: int, sample: in
 
 
 def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict,
-              profile_step: int = 0, timeline: bool = False) -> dict:
+              profile_step: int = 0, timeline: str | None = None) -> dict:
     """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
     probe.json figures, and with profile_step the profile of that step (sft/ranks/profiling.py)."""
     settings = dict(settings)
@@ -133,7 +138,7 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **settings.pop("env", {}))
     if profile_step:
         env["SFTDEV_PROFILE_STEP"] = str(profile_step)
-        env["SFTDEV_PROFILE_TIMELINE"] = "1" if timeline else "0"
+        env["SFTDEV_PROFILE_TIMELINE"] = {"stacks": "1", "light": "light"}.get(timeline or "", "0")
     env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:
@@ -168,12 +173,15 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
               "the steady window: profile in a run of its own, not in one whose throughput you report.")
 @click.option("--timeline", is_flag=True, help="With --profile-step: profile the step as it runs, nothing "
               "synchronised, and report the GPU's idle time by what the host ran (Python stacks).")
+@click.option("--light", is_flag=True, help="With --timeline: record no Python stacks (recording them slows the "
+              "host several times, which makes idle time of its own); the idle time by phase, host op and the "
+              "longest gaps, at the host's own speed.")
 @click.option("--set", "extra", multiple=True, help="KEY=VALUE: an SFT_ setting for every configuration, e.g. "
               "max_length=65536.")
 @click.option("--steps-for", multiple=True, help="NAME=STEPS: probe steps for one configuration (e.g. seed=12: "
               "the seed's steps are 8x slower).")
 def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str, profile_step: int,
-         timeline: bool, extra: tuple[str, ...], steps_for: tuple[str, ...]) -> None:
+         timeline: bool, light: bool, extra: tuple[str, ...], steps_for: tuple[str, ...]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n = matmul_params(model)
     common = dict(kv.split("=", 1) for kv in extra)
@@ -184,7 +192,7 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str,
     for name in configs.split(","):
         row = run_probe(name, model, data, own_steps.get(name, steps), work,
                         settings={**CONFIGS[name], "gpus": gpus, **common}, profile_step=profile_step,
-                        timeline=timeline)
+                        timeline=("light" if light else "stacks") if timeline else None)
         if "tokens_per_second" in row:
             row["mfu"] = row["tokens_per_second"] / row["world_size"] * 6 * n / PEAK_FLOPS
             row["mfu_attn"] = row["tokens_per_second"] / row["world_size"] * (6 * n + attn) / PEAK_FLOPS

@@ -1,9 +1,10 @@
-"""The timeline profile's idle-time report (sft/ranks/profiling.py::gaps_report), on a trace of known
-gaps and on a real trace of torch's profiler (its event format, which the report reads)."""
+"""The timeline profile's idle-time reports (sft/ranks/profiling.py::gaps_report with Python stacks,
+light_report without), on traces of known gaps and on a real trace of torch's profiler (its event format,
+which the reports read)."""
 
 import torch
 
-from sft.ranks.profiling import gaps_report
+from sft.ranks.profiling import gaps_report, light_report
 
 
 def _py(pid, name, ts, dur, parent):
@@ -66,3 +67,30 @@ def test_during_the_backward_the_idle_time_is_autograds_threads():
     text = gaps_report({"traceEvents": events})
     assert "idle 0.0004 s in 1 gaps" in text
     assert "0.0004 s 100.0%  deepspeed/runtime/zero/stage_1_and_2.py(1368): grad_handling_hook" in text
+
+
+def test_without_stacks_the_idle_time_is_charged_to_the_phase_and_host_op_and_the_longest_gaps_are_named():
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "sft.forward", "tid": 7, "ts": 0, "dur": 400},
+        {"ph": "X", "cat": "user_annotation", "name": "sft.step", "tid": 7, "ts": 500, "dur": 500},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 7, "ts": 0, "dur": 150},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 7, "ts": 250, "dur": 50},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::_foreach_mul_", "tid": 7, "ts": 600, "dur": 300},
+        # busy 0-200, idle 200-400 (forward: no host op 150 us, a launch 50 us), busy 400-600, idle
+        # 600-900 (step, in the foreach op)
+        {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "tid": 0, "ts": 0, "dur": 200},
+        {"ph": "X", "cat": "kernel", "name": "triton_fused_adam", "tid": 0, "ts": 400, "dur": 200},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "tid": 0, "ts": 900, "dur": 100},
+    ]
+    text = light_report({"traceEvents": events})
+    assert "GPU busy 0.0005 s, idle 0.0005 s in 2 gaps" in text
+    assert "phases on the host: forward 0.0-0.4 ms, step 0.5-1.0 ms" in text
+    assert "idle by the engine's phase the host was in: step 0.0003, forward 0.0002" in text
+    assert "0.0003 s  60.0%  aten::_foreach_mul_" in text and "0.0001 s  30.0%  (no host op)" in text
+    assert "0.0001 s  10.0%  cudaLaunchKernel" in text  # 50 us of the forward's 200
+    gaps = text.splitlines()[text.splitlines().index(
+        "the 15 longest gaps: at (ms into the window), length, phase, host op; kernel before / after") + 1:]
+    assert gaps[0].split() == ["0.60", "0.300", "ms", "step", "aten::_foreach_mul_", "triton_fused_adam", "/",
+                               "Memcpy", "DtoH"]
+    assert gaps[1].split()[:6] == ["0.20", "0.200", "ms", "forward", "(no", "host"]
+    assert light_report({"traceEvents": events[:5]}).startswith("no GPU activity")

@@ -51,7 +51,8 @@ def callback(report_dir: str) -> TrainerCallback | None:
     step = os.environ.get("SFTDEV_PROFILE_STEP")
     if not step or int(os.environ.get("RANK", "0")) != 0:
         return None
-    return StepProfile(int(step), Path(report_dir), timeline=os.environ.get("SFTDEV_PROFILE_TIMELINE") == "1")
+    timeline = {"1": "stacks", "light": "light"}.get(os.environ.get("SFTDEV_PROFILE_TIMELINE", ""))
+    return StepProfile(int(step), Path(report_dir), timeline=timeline)
 
 
 def _sync() -> None:
@@ -60,7 +61,7 @@ def _sync() -> None:
 
 
 class StepProfile(TrainerCallback):
-    def __init__(self, step: int, out: Path, timeline: bool = False):
+    def __init__(self, step: int, out: Path, timeline: str | None = None):
         self.step, self.out, self.trainer, self.timeline = step, out, None, timeline
         self.prof: Any = None
         self.restore: list[tuple[Any, str, Any]] = []
@@ -72,7 +73,9 @@ class StepProfile(TrainerCallback):
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         if self.timeline:
-            self.prof = torch.profiler.profile(activities=activities, with_stack=True)
+            if self.timeline == "light":  # the phases as ranges, nothing synchronised, no Python stacks
+                self._mark_phases(self.trainer.model_wrapped, synchronised=False)
+            self.prof = torch.profiler.profile(activities=activities, with_stack=self.timeline == "stacks")
             self.prof.__enter__()
             self.syncs = Syncs().__enter__()
             self.began = time.perf_counter()
@@ -113,11 +116,14 @@ class StepProfile(TrainerCallback):
         wall = time.perf_counter() - self.began
         prof, self.prof = self.prof, None
         prof.__exit__(None, None, None)
+        for engine, name, original in self.restore:
+            setattr(engine, name, original)
         self.out.mkdir(parents=True, exist_ok=True)
         trace = self.out / "profile-rank0.trace.json"
+        report = gaps_report if self.timeline == "stacks" else light_report
         try:  # a developer's tool: what it cannot read is reported, the training goes on
             prof.export_chrome_trace(str(trace))
-            text = f"profiled step {self.step}, {wall:.4f} s on the host, nothing synchronised\n" + gaps_report(
+            text = f"profiled step {self.step}, {wall:.4f} s on the host, nothing synchronised\n" + report(
                 json.loads(trace.read_text()))
         except Exception as e:  # noqa: BLE001
             text = f"profiled step {self.step}: the timeline could not be read: {type(e).__name__}: {e}\n"
@@ -127,17 +133,18 @@ class StepProfile(TrainerCallback):
                 g.write(f.read())
             trace.unlink()
 
-    def _mark_phases(self, engine) -> None:
-        """Wrap DeepSpeed's forward, backward and step on this engine in named, synchronised ranges
-        (instrumentation of the one profiled step; the methods are restored after it)."""
+    def _mark_phases(self, engine, synchronised: bool = True) -> None:
+        """Wrap DeepSpeed's forward, backward and step on this engine in named ranges, synchronised at their
+        bounds unless told not to (instrumentation of the one profiled step; the methods are restored after it)."""
+        sync = _sync if synchronised else (lambda: None)
         for name in PHASES:
             original = getattr(engine, name)
 
             def marked(*a, __original=original, __name=name, **kw):
-                _sync()
+                sync()
                 with torch.profiler.record_function(f"sft.{__name}"):
                     result = __original(*a, **kw)
-                    _sync()
+                    sync()
                 return result
 
             self.restore.append((engine, name, original))
@@ -287,6 +294,65 @@ def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
     lines.append("\nidle by the innermost host op (aten, CUDA runtime):")
     lines += [f"  {v / 1e6:8.4f} s {v / 1e6 / max(idle_total, 1e-9):6.1%}  {k}"
               for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:top // 2]]
+    return "\n".join(lines) + "\n"
+
+
+def light_report(trace: dict[str, Any], top: int = 15) -> str:
+    """The GPU's idle time in a step recorded without Python stacks (the host at its own speed: recording stacks
+    slows Python several times, and so makes idle time of its own): by the engine's phase the host was in (the
+    sft.* ranges), by the innermost host op, and the longest gaps with the kernels around them."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                 if e.get("cat") in GPU_CATS)
+    host = [e for e in events if e.get("cat") in HOST_OPS + ("user_annotation",)]
+    if not gpu or not host:
+        return "no GPU activity in the trace (profiled on a GPU?)\n"
+    phases = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"][4:]) for e in host
+                    if e.get("cat") == "user_annotation" and e["name"].startswith("sft."))
+    threads = sorted({e["tid"] for e in host if e.get("cat") in HOST_OPS}, key=str)
+    op_at = [_innermost([e for e in host if e.get("cat") in HOST_OPS and e["tid"] == t]) for t in threads]
+    start, end = min(float(e["ts"]) for e in host), max(g[1] for g in gpu)
+    busy, idle = _busy_and_idle([(s, e) for s, e, _ in gpu], start, end)
+
+    def phase_at(t: float) -> str:
+        return next((name for s, e, name in phases if s <= t < e), "outside the engine")
+
+    def op_at_time(t: float) -> str:
+        ops = [op for at in op_at if (op := at(t)) is not None]
+        return max(ops, key=lambda op: float(op["ts"]))["name"] if ops else "(no host op)"
+
+    by_phase: dict[str, float] = {}
+    by_op: dict[str, float] = {}
+    gap_op: dict[tuple[float, float], str] = {}  # each gap's host op: the one that held most of it
+    for s, e in idle:
+        here: dict[str, float] = {}
+        t = s
+        while t < e:  # sampled as gaps_report does
+            w = min(SAMPLE_US, e - t)
+            phase, op = phase_at(t + w / 2), op_at_time(t + w / 2)
+            by_phase[phase] = by_phase.get(phase, 0.0) + w
+            by_op[op] = by_op.get(op, 0.0) + w
+            here[op] = here.get(op, 0.0) + w
+            t += w
+        gap_op[(s, e)] = max(here, key=here.__getitem__)
+    idle_total = sum(e - s for s, e in idle)
+    lines = [f"window {(end - start) / 1e6:.4f} s from the step's first host event to its last kernel; GPU busy "
+             f"{busy / 1e6:.4f} s, idle {idle_total / 1e6:.4f} s in {len(idle)} gaps (no Python stacks recorded)",
+             "phases on the host: " + ", ".join(f"{n} {s / 1e3 - start / 1e3:.1f}-{e / 1e3 - start / 1e3:.1f} ms"
+                                                 for s, e, n in phases),
+             "idle by the engine's phase the host was in: " + ", ".join(
+                 f"{k} {v / 1e6:.4f}" for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1])),
+             f"\nidle by the innermost host op (top {top}):"]
+    lines += [f"  {v / 1e6:8.4f} s {v / max(idle_total, 1e-9):6.1%}  {k}"
+              for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]]
+    lines.append(f"\nthe {top} longest gaps: at (ms into the window), length, phase, host op; kernel before / after")
+    ends = [g[1] for g in gpu]
+    for s, e in sorted(idle, key=lambda g: g[0] - g[1])[:top]:
+        i = bisect.bisect_right(ends, s) - 1
+        before = gpu[i][2][:60] if i >= 0 else "-"
+        after = next((g[2][:60] for g in gpu if g[0] >= e), "-")
+        lines.append(f"  {(s - start) / 1e3:8.2f} {(e - s) / 1e3:7.3f} ms  {phase_at((s + e) / 2):<10} "
+                     f"{gap_op[(s, e)][:50]:<50}  {before} / {after}")
     return "\n".join(lines) + "\n"
 
 
