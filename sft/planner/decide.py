@@ -25,7 +25,7 @@ from ..handoff import CheckpointRecord, DataPlan, Split
 from ..stages import Stage
 from ..units import GIB
 from . import data as data_rules
-from . import reshard, rules
+from . import memory, reshard, rules
 from .inputs import CannotRun, Inputs, Machine, Ranks
 from .plan import Plan, Row, Setup, estimate_row, longest_rows, plan_from_shape
 from .reshard import Reshard
@@ -226,7 +226,9 @@ def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
     return Setup(d.ranks.count, gpu_gib, d.ranks.nodes, split.micro_batch, s.max_length,
                  split.gradient_checkpointing, host_gib, split.grad_accum, d.liger or d.compile,
                  split.offload_activations,
-                 d.sequence_parallel, _one_pass_step(inputs, d))
+                 d.sequence_parallel, _one_pass_step(inputs, d),
+                 memory.flex_mask_elements(split.micro_batch, s.max_length, s.packing)
+                 if d.attention == "flex_attention" else 0)
 
 
 def _one_pass_step(inputs: Inputs, d: Decision) -> bool:

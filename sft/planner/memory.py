@@ -9,6 +9,7 @@
       optimizer     the fp32 gradient partition DeepSpeed builds for Adam, once activations are gone
                     (the flattened 16-bit one with the job's one-pass step, which makes no fp32 one)
                     (with offload: the 16-bit staging on its way to the host, during the backward)
+      mask build    flex attention's block mask, built before each forward (its temporaries)
   + margin          allocator fragmentation and the CUDA context
 
 Every coefficient is a named constant, fitted to peaks measured on H200s; docs/memory-planner.md
@@ -223,6 +224,31 @@ def accumulation_bytes(stage: Stage, total_params: int, total_gpus: int, grad_ac
     if grad_accum == 1 or stage.zero == 3:
         return 0
     return ACCUMULATION_BYTES * -(-total_params // total_gpus)
+
+
+# --- Flex attention's block mask, built at each forward (sft/ranks/upstream.py::block_mask_by_rows): the boolean
+# mask of at most MASK_ELEMENTS_AT_ONCE elements at a time, a band of query rows, then torch's block reduction,
+# whose temporaries are wider than the mask. Measured on one H200 (2026-12-04, the demo model, 64 packed rows
+# of 128 tokens: one row of 8,192, 2^26 elements at once): the allocator reserved 1.164 GiB for it (two
+# 466 MiB segments in the block reduction, four of 58-60 MiB for the mask), 18.2 bytes an element. Nothing
+# else is held then but the model states (the forward has not begun), so it is a peak of its own, beside the
+# backward's and the step's; a tiny model's whole peak, which the plan had put at 0.04 GiB.
+MASK_ELEMENTS_AT_ONCE = 1 << 26  # 64 MB of booleans; upstream.py builds the mask by this
+MASK_BUILD_BYTES = 19  # per element evaluated at once
+MASK_BLOCK = 128  # flex attention's block (torch's _DEFAULT_SPARSE_BLOCK_SIZE): a band is whole blocks of rows
+
+
+def flex_mask_elements(micro_batch: int, row_tokens: int, packing: bool) -> int:
+    """Elements of flex attention's mask evaluated at once: packed rows arrive as one row of all the micro-batch's
+    tokens (TRL's padding-free collator), unpacked as micro_batch rows; a band of query rows at a time, as
+    upstream.block_mask_by_rows cuts them."""
+    batch, length = (1, micro_batch * row_tokens) if packing else (micro_batch, row_tokens)
+    band = max(MASK_BLOCK, MASK_ELEMENTS_AT_ONCE // (batch * length) // MASK_BLOCK * MASK_BLOCK)
+    return batch * min(band, length) * length
+
+
+def mask_build_bytes(elements: int) -> int:
+    return MASK_BUILD_BYTES * elements
 
 
 def margin_bytes(unmargined: int) -> int:

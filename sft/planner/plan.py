@@ -17,7 +17,7 @@ from .shape import ModelShape, model_shape
 
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
 BYTE_FIELDS = ("model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin",
-               "peak", "host", "states_not_made")
+               "peak", "host", "states_not_made", "mask_build")
 LONGEST_ROW_SEARCHED = 4 * 2**20  # tokens: the longest row the plan looks for
 LONGEST_ROW_STEP = 1024  # its resolution
 
@@ -38,6 +38,7 @@ class Setup:
     offload_activations: bool = False  # checkpoints in host memory (with gradient_checkpointing)
     sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
     one_pass_step: bool = False  # ZeRO-1/2's step in one pass, with no fp32 gradients (sft/ranks/adamw.py)
+    flex_mask_elements: int = 0  # flex attention's mask evaluated at once (memory.flex_mask_elements); 0: other kernels
 
     @property
     def row_tokens(self) -> int:
@@ -74,6 +75,7 @@ class Row:
     fits_host: bool | None  # None: not checked (no offload, or the host's memory was not given)
     why: str
     states_not_made: int = 0  # of model_states (DeepSpeed's estimate): fp32 gradients the one-pass step never makes
+    mask_build: int = 0  # flex attention's block mask being built, before the forward: a peak beside the others
     longest_row: int | None = None  # tokens of one row that still fit, this setup otherwise (plan_from_shape)
     longest_row_checkpointed: int | None = None  # the same with checkpointing on, checkpoints on the GPU
     longest_row_offloaded: int | None = None  # ... and with the checkpoints in host memory
@@ -130,9 +132,10 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
         "accumulation": memory.accumulation_bytes(stage, shape.total_params, setup.total_gpus, setup.grad_accum),
         "states_not_made": memory.states_not_made(stage, shape.total_params, setup.total_gpus, setup.one_pass_step),
     }
+    terms["mask_build"] = memory.mask_build_bytes(setup.flex_mask_elements)
     backward = terms["activations"] + terms["logits"] + terms["buckets"]
     unmargined = (terms["model_states"] - terms["states_not_made"] + terms["accumulation"]
-                  + memory.busiest_phase(stage, backward, terms["optimizer_step"]))
+                  + max(memory.busiest_phase(stage, backward, terms["optimizer_step"]), terms["mask_build"]))
     margin = memory.margin_bytes(unmargined)
     peak = unmargined + margin
     if _offloading(setup):
@@ -211,7 +214,7 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
                     host_memory_gib: float | None = None,
                     ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1,
                     liger_kernels: bool = False, offload_activations: bool = False,
-                    sequence_parallel: int = 1, one_pass_step: bool = False) -> Plan:
+                    sequence_parallel: int = 1, one_pass_step: bool = False, flex_mask_elements: int = 0) -> Plan:
     """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config
     (default: the shipped ones)."""
     problems = [f"{name}={value!r}: expected at least 1" for name, value in
@@ -223,7 +226,8 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
     if problems:
         raise ValueError("; ".join(problems))
     setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
-                  host_memory_gib, grad_accum, liger_kernels, offload_activations, sequence_parallel, one_pass_step)
+                  host_memory_gib, grad_accum, liger_kernels, offload_activations, sequence_parallel, one_pass_step,
+                  flex_mask_elements)
     configs = ds_configs or {}
     split = max(shape.sequence_parallel_degrees(gpus_per_node), default=1)
     rows = []
@@ -268,7 +272,9 @@ def format_table(p: Plan) -> str:
                      f"{gib(r.accumulation):>7.2f}{gib(r.margin):>8.2f}{gib(r.peak):>8.2f}"
                      f"{gib(r.host):>9.2f}  {fits}")
     not_made = max((r.states_not_made for r in p.rows), default=0)
-    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step, + margin"
+    mask = max((r.mask_build for r in p.rows), default=0)
+    lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step"
+              + (f" and flex attention's mask being built ({gib(mask):.2f})" if mask else "") + ", + margin"
               + (f"; ZeRO-1/2 less {gib(not_made):.2f} GiB of states: their step makes no fp32 gradients" if not_made
                  else ""),
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",

@@ -55,6 +55,39 @@ def callback(report_dir: str) -> TrainerCallback | None:
     return StepProfile(int(step), Path(report_dir), timeline=timeline)
 
 
+def memory_callback(report_dir: str) -> TrainerCallback | None:
+    """SFTDEV_MEMORY_SNAPSHOT=N (rank 0, CUDA): torch's allocator history from the training's start to the end
+    of step N, written as memory-rank0.txt: each segment the allocator reserved from the device, largest
+    first, with the Python frames that asked for it (what made the peak the planner predicts)."""
+    step = os.environ.get("SFTDEV_MEMORY_SNAPSHOT")
+    if not step or int(os.environ.get("RANK", "0")) != 0 or not torch.cuda.is_available():
+        return None
+    return MemorySnapshot(int(step), Path(report_dir))
+
+
+class MemorySnapshot(TrainerCallback):
+    def __init__(self, step: int, out: Path):
+        self.step, self.out = step, out
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)  # before DeepSpeed allocates
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != self.step:
+            return
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        events = [e for trace in snapshot.get("device_traces", []) for e in trace if e.get("action") == "segment_alloc"]
+        lines = [f"after step {self.step}: reserved {torch.cuda.memory_reserved() / 2**30:.3f} GiB, peak reserved "
+                 f"{torch.cuda.max_memory_reserved() / 2**30:.3f} GiB; {len(events)} segments reserved since the start "
+                 f"({sum(e['size'] for e in events) / 2**30:.3f} GiB, freed ones included), largest first:"]
+        for e in sorted(events, key=lambda e: -e["size"])[:25]:
+            python = [f for f in e.get("frames", []) if f["filename"].endswith(".py")]  # innermost first
+            named = [f for f in python if NAMED.search(f["filename"])] or python
+            lines.append(f"  {e['size'] / 2**20:10.1f} MiB  " + " < ".join(
+                f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}" for f in named[:6]))
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "memory-rank0.txt").write_text("\n".join(lines) + "\n")
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -112,6 +112,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
                              stop_asked=lambda: stop.requested or stop.stop_file.exists())
     # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
     callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir),
+                 profiling.memory_callback(spec.report_dir),
                  universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
     trainer = reads.trainer_class()(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
                          callbacks=[c for c in callbacks if c is not None])
