@@ -138,7 +138,7 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
                HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **settings.pop("env", {}))
     if profile_step:
         env["SFTDEV_PROFILE_STEP"] = str(profile_step)
-        env["SFTDEV_PROFILE_TIMELINE"] = {"stacks": "1", "light": "light"}.get(timeline or "", "0")
+        env["SFTDEV_PROFILE_TIMELINE"] = timeline or "0"
     env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     start = time.time()
     with open(work / f"{name}.log", "w") as log:

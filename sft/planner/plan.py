@@ -131,8 +131,8 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
                                                       setup.one_pass_step),
         "accumulation": memory.accumulation_bytes(stage, shape.total_params, setup.total_gpus, setup.grad_accum),
         "states_not_made": memory.states_not_made(stage, shape.total_params, setup.total_gpus, setup.one_pass_step),
+        "mask_build": memory.mask_build_bytes(setup.flex_mask_elements),
     }
-    terms["mask_build"] = memory.mask_build_bytes(setup.flex_mask_elements)
     backward = terms["activations"] + terms["logits"] + terms["buckets"]
     unmargined = (terms["model_states"] - terms["states_not_made"] + terms["accumulation"]
                   + max(memory.busiest_phase(stage, backward, terms["optimizer_step"]), terms["mask_build"]))

@@ -51,7 +51,7 @@ def callback(report_dir: str) -> TrainerCallback | None:
     step = os.environ.get("SFTDEV_PROFILE_STEP")
     if not step or int(os.environ.get("RANK", "0")) != 0:
         return None
-    timeline = {"1": "stacks", "light": "light"}.get(os.environ.get("SFTDEV_PROFILE_TIMELINE", ""))
+    timeline = {"1": "stacks", "stacks": "stacks", "light": "light"}.get(os.environ.get("SFTDEV_PROFILE_TIMELINE", ""))
     return StepProfile(int(step), Path(report_dir), timeline=timeline)
 
 
@@ -130,8 +130,7 @@ class StepProfile(TrainerCallback):
         wall = time.perf_counter() - self.began
         self.python.disable()
         self.prof.__exit__(None, None, None)
-        for engine, name, original in self.restore:
-            setattr(engine, name, original)
+        self._restore()
         self.out.mkdir(parents=True, exist_ok=True)
         try:  # a developer's tool: what it cannot read is reported, the training goes on
             self.prof.export_chrome_trace(str(self.out / "profile-rank0.trace.json"))
@@ -149,8 +148,7 @@ class StepProfile(TrainerCallback):
         wall = time.perf_counter() - self.began
         prof, self.prof = self.prof, None
         prof.__exit__(None, None, None)
-        for engine, name, original in self.restore:
-            setattr(engine, name, original)
+        self._restore()
         self.out.mkdir(parents=True, exist_ok=True)
         trace = self.out / "profile-rank0.trace.json"
         report = gaps_report if self.timeline == "stacks" else light_report
@@ -165,6 +163,11 @@ class StepProfile(TrainerCallback):
             with open(trace, "rb") as f, gzip.open(f"{trace}.gz", "wb") as g:
                 g.write(f.read())
             trace.unlink()
+
+    def _restore(self) -> None:
+        for engine, name, original in self.restore:
+            setattr(engine, name, original)
+        self.restore = []
 
     def _mark_phases(self, engine, synchronised: bool = True) -> None:
         """Wrap DeepSpeed's forward, backward and step on this engine in named ranges, synchronised at their
@@ -277,9 +280,7 @@ def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
     sample is charged to the innermost Python frame of the thread at work and to that thread's innermost
     host op (aten op, CUDA runtime call). torch's profiler reports kernels and stacks but not this join: it is the
     view that says which code keeps the GPU waiting."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
-                 if e.get("cat") in GPU_CATS)
+    events, gpu = _spans(trace)
     python = [e for e in events if e.get("cat") == "python_function"]
     if not gpu or not python:
         return "no GPU activity or no Python stacks in the trace (profiled with with_stack on a GPU?)\n"
@@ -297,22 +298,19 @@ def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
     by_op: dict[str, float] = {}
     by_phase: dict[str, float] = {}
     for s, e in idle:
-        t = s
-        while t < e:
-            w = min(SAMPLE_US, e - t)
+        for t, w in _samples(s, e):
             # the thread that entered its innermost frame last is the one at work (the main thread waits in
             # run_backward while autograd's thread runs the backward's hooks)
-            here, thread = max(((at(t + w / 2), i) for i, at in enumerate(py_at)),
+            here, thread = max(((at(t), i) for i, at in enumerate(py_at)),
                                key=lambda x: float(x[0]["ts"]) if x[0] is not None else float("-inf"))
             chain = frames(here) if here is not None else []
             key = _stack_key(chain)
             by_stack[key] = by_stack.get(key, 0.0) + w
             phase = next((m.group(1) for f in reversed(chain) if (m := ENGINE_PHASE.search(f))), "outside the engine")
             by_phase[phase] = by_phase.get(phase, 0.0) + w
-            op = op_at[thread](t + w / 2)
+            op = op_at[thread](t)
             name = op["name"] if op is not None else "(no host op)"
             by_op[name] = by_op.get(name, 0.0) + w
-            t += w
     window, idle_total = (end - start) / 1e6, sum(e - s for s, e in idle) / 1e6
     short = sum(e - s for s, e in idle if e - s < 20) / 1e6
     lines = [f"window {window:.4f} s from the step's first host event to its last kernel; GPU busy "
@@ -334,9 +332,7 @@ def light_report(trace: dict[str, Any], top: int = 15) -> str:
     """The GPU's idle time in a step recorded without Python stacks (the host at its own speed: recording stacks
     slows Python several times, and so makes idle time of its own): by the engine's phase the host was in (the
     sft.* ranges), by the innermost host op, and the longest gaps with the kernels around them."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
-                 if e.get("cat") in GPU_CATS)
+    events, gpu = _spans(trace)
     host = [e for e in events if e.get("cat") in HOST_OPS + ("user_annotation",)]
     if not gpu or not host:
         return "no GPU activity in the trace (profiled on a GPU?)\n"
@@ -359,14 +355,11 @@ def light_report(trace: dict[str, Any], top: int = 15) -> str:
     gap_op: dict[tuple[float, float], str] = {}  # each gap's host op: the one that held most of it
     for s, e in idle:
         here: dict[str, float] = {}
-        t = s
-        while t < e:  # sampled as gaps_report does
-            w = min(SAMPLE_US, e - t)
-            phase, op = phase_at(t + w / 2), op_at_time(t + w / 2)
+        for t, w in _samples(s, e):
+            phase, op = phase_at(t), op_at_time(t)
             by_phase[phase] = by_phase.get(phase, 0.0) + w
             by_op[op] = by_op.get(op, 0.0) + w
             here[op] = here.get(op, 0.0) + w
-            t += w
         gap_op[(s, e)] = max(here, key=here.__getitem__)
     idle_total = sum(e - s for s, e in idle)
     lines = [f"window {(end - start) / 1e6:.4f} s from the step's first host event to its last kernel; GPU busy "
@@ -387,6 +380,23 @@ def light_report(trace: dict[str, Any], top: int = 15) -> str:
         lines.append(f"  {(s - start) / 1e3:8.2f} {(e - s) / 1e3:7.3f} ms  {phase_at((s + e) / 2):<10} "
                      f"{gap_op[(s, e)][:50]:<50}  {before} / {after}")
     return "\n".join(lines) + "\n"
+
+
+def _spans(trace: dict[str, Any]) -> tuple[list[dict], list[tuple[float, float, str]]]:
+    """A Chrome trace's complete events, and its GPU activity as (start, end, name), by start."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                 if e.get("cat") in GPU_CATS)
+    return events, gpu
+
+
+def _samples(start: float, end: float):
+    """An idle gap cut into samples of SAMPLE_US (the last one shorter): (its middle, its width) each."""
+    t = start
+    while t < end:
+        w = min(SAMPLE_US, end - t)
+        yield t + w / 2, w
+        t += w
 
 
 def _busy_and_idle(spans: list[tuple[float, float]], start: float, end: float):

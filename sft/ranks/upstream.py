@@ -11,6 +11,8 @@ import functools
 
 import torch
 
+from ..planner.memory import MASK_ELEMENTS_AT_ONCE
+
 
 def fused_head_with_offloaded_checkpoints() -> None:
     """TRL 1.16's fused LM head under ZeRO-3 with checkpoints kept in host memory (activation offloading).
@@ -42,10 +44,10 @@ def fused_head_with_offloaded_checkpoints() -> None:
     utils.maybe_gather_lm_head_ctx = gather_zero3_parameters_only
 
 
-# Elements of the boolean mask evaluated at once (64 MB; the planner counts its temporaries: planner/memory.py):
-# a band of query rows at a time, so a row of 131,072 tokens never holds its whole 131,072^2 mask (17 GB) beside
-# the training's own peak. Bands of 2^24 to 2^28 elements took the same time on CPU (2.7 s at 16,384 tokens).
-from ..planner.memory import MASK_ELEMENTS_AT_ONCE  # noqa: E402
+# MASK_ELEMENTS_AT_ONCE: elements of the boolean mask evaluated at once (64 MB; the planner counts its
+# temporaries, planner/memory.py): a band of query rows at a time, so a row of 131,072 tokens never holds its
+# whole 131,072^2 mask (17 GB) beside the training's own peak. Bands of 2^24 to 2^28 elements took the same time
+# on CPU (2.7 s at 16,384 tokens).
 
 
 def block_mask_by_rows(mask_mod, batch: int, heads: int, q_length: int, kv_length: int, device,
