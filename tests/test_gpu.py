@@ -198,3 +198,12 @@ def test_the_zero_step_in_one_pass_compiled_is_torchs_fused_adamw():
             torch.testing.assert_close(mine.state[master][key], torchs.state[reference][key], rtol=1e-5, atol=1e-7)
         assert float(mine.state[master]["step"]) == float(torchs.state[reference]["step"])
         assert torch.equal(weights, master.bfloat16())
+
+
+@pytest.mark.parametrize("kept", [0, 1, 4], ids=lambda n: f"{n}-of-4-tiles-kept")
+def test_the_lm_heads_kept_tiles_give_trls_numbers_on_the_gpu(kept):
+    """sft/ranks/lm_head.py against TRL's fused head through its Triton folds: 8,188 tokens (two token tiles) of a
+    40,000-token vocabulary (a 32,768 tile and a narrower one)."""
+    from test_lm_head import compare
+
+    compare(kept, "cuda", tokens=8188, hidden_size=256, vocab=40000, chunk=32768, exact=False)

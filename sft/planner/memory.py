@@ -53,6 +53,10 @@ FUSED_LM_HEAD = True
 TRL_TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 TRL_VOCAB_TILE = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 TILE_BYTES = 2  # the bf16 tile buffer
+# The forward's tiles kept for the backward (sft/ranks/lm_head.py), so that it does not project them again: up to
+# this share of the GPU's memory, and only of what the plan leaves free (plan.py: they never make a plan not fit).
+# 3% holds all of Qwen3's 8,192 x 151,936 tiles (2.32 GiB, the defaults) on an 80 GiB GPU.
+HEAD_KEPT_FRACTION = 0.03
 LM_HEAD_GRAD_BYTES = 6  # per LM head parameter: fp32 accumulator + its bf16 copy handed to autograd
 HIDDEN_GRAD_BYTES = 6  # per token x hidden: the same for the hidden states' gradient
 # Without the fused head (label smoothing, a custom loss): bf16 logits + the fp32 upcast the loss
@@ -155,15 +159,31 @@ def offloaded_activation_bytes(shape: ModelShape, micro_batch: int, max_length: 
     return shape.num_layers * checkpoint_bytes(shape, micro_batch * max_length)
 
 
-def logits_bytes(shape: ModelShape, micro_batch: int, max_length: int, fused: bool = FUSED_LM_HEAD) -> int:
-    """Bytes the LM head and the loss add per GPU."""
+def logits_bytes(shape: ModelShape, micro_batch: int, max_length: int, fused: bool = FUSED_LM_HEAD,
+                 kept: int = 0) -> int:
+    """Bytes the LM head and the loss add per GPU; `kept`: bytes of its tiles kept for the backward
+    (head_tiles_kept), beside the one buffer of the tiles computed again, which all kept need not."""
     tokens = micro_batch * max_length
     if not fused:
         return shape.vocab_size * tokens * LOGITS_MATERIALIZED_BYTES
-    tile = min(tokens, TRL_TOKEN_TILE) * min(shape.vocab_size, TRL_VOCAB_TILE) * TILE_BYTES
+    tile = 0 if kept >= head_tiles_bytes(shape, micro_batch, max_length) else \
+        min(tokens, TRL_TOKEN_TILE) * min(shape.vocab_size, TRL_VOCAB_TILE) * TILE_BYTES
     weight_grad = shape.vocab_size * shape.hidden_size * LM_HEAD_GRAD_BYTES
     hidden_grad = tokens * shape.hidden_size * HIDDEN_GRAD_BYTES
-    return tile + weight_grad + hidden_grad
+    return kept + tile + weight_grad + hidden_grad
+
+
+def head_tiles_bytes(shape: ModelShape, micro_batch: int, max_length: int) -> int:
+    """Bytes of all the fused LM head's logits tiles of one micro-batch (every position scored)."""
+    return micro_batch * max_length * shape.vocab_size * TILE_BYTES
+
+
+def head_tiles_kept(shape: ModelShape, micro_batch: int, max_length: int, gpu_bytes: int, room: int) -> int:
+    """Bytes of the LM head's tiles the ranks keep for the backward: all of them, up to HEAD_KEPT_FRACTION of the
+    GPU and to `room`, what the plan leaves free counting their margin (0: TRL's own, every tile projected
+    again). The ranks keep whole tiles up to this many bytes (sft/ranks/lm_head.py)."""
+    room = int(max(room, 0) / (1 + FRAGMENTATION))
+    return max(0, min(head_tiles_bytes(shape, micro_batch, max_length), int(HEAD_KEPT_FRACTION * gpu_bytes), room))
 
 
 def _elements(zero: Mapping[str, Any], key: str, auto: float | None = None) -> int:

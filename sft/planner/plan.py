@@ -17,7 +17,7 @@ from .shape import ModelShape, model_shape
 
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
 BYTE_FIELDS = ("model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin",
-               "peak", "host", "states_not_made", "mask_build")
+               "peak", "host", "states_not_made", "mask_build", "head_kept")
 LONGEST_ROW_SEARCHED = 4 * 2**20  # tokens: the longest row the plan looks for
 LONGEST_ROW_STEP = 1024  # its resolution
 
@@ -39,6 +39,8 @@ class Setup:
     sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
     one_pass_step: bool = False  # ZeRO-1/2's step in one pass, with no fp32 gradients (sft/ranks/adamw.py)
     flex_mask_elements: int = 0  # flex attention's mask evaluated at once (memory.flex_mask_elements); 0: other kernels
+    head_tiles_kept: bool = True  # the LM head's tiles kept for the backward where there is room (memory.py); False:
+    # TRL's own head, which projects them again (every peak measured before they were kept)
 
     @property
     def row_tokens(self) -> int:
@@ -76,6 +78,7 @@ class Row:
     why: str
     states_not_made: int = 0  # of model_states (DeepSpeed's estimate): fp32 gradients the one-pass step never makes
     mask_build: int = 0  # flex attention's block mask being built, before the forward: a peak beside the others
+    head_kept: int = 0  # of logits: the LM head's tiles kept for the backward (memory.head_tiles_kept)
     longest_row: int | None = None  # tokens of one row that still fit, this setup otherwise (plan_from_shape)
     longest_row_checkpointed: int | None = None  # the same with checkpointing on, checkpoints on the GPU
     longest_row_offloaded: int | None = None  # ... and with the checkpoints in host memory
@@ -133,11 +136,15 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
         "states_not_made": memory.states_not_made(stage, shape.total_params, setup.total_gpus, setup.one_pass_step),
         "mask_build": memory.mask_build_bytes(setup.flex_mask_elements),
     }
-    backward = terms["activations"] + terms["logits"] + terms["buckets"]
-    unmargined = (terms["model_states"] - terms["states_not_made"] + terms["accumulation"]
-                  + max(memory.busiest_phase(stage, backward, terms["optimizer_step"]), terms["mask_build"]))
-    margin = memory.margin_bytes(unmargined)
-    peak = unmargined + margin
+    margin, peak = _peak(stage, terms)
+    # the LM head's tiles kept for its backward take only what the plan leaves free (memory.head_tiles_kept)
+    if setup.head_tiles_kept and peak <= setup.gpu_budget:
+        kept = memory.head_tiles_kept(shape, setup.micro_batch, setup.row_tokens,
+                                      int(setup.gpu_memory_gib * GIB), setup.gpu_budget - peak - 1)
+        if kept:
+            terms["logits"] = memory.logits_bytes(shape, setup.micro_batch, setup.row_tokens, kept=kept)
+            terms["head_kept"] = kept
+            margin, peak = _peak(stage, terms)
     if _offloading(setup):
         host += setup.gpus_per_node * memory.offloaded_activation_bytes(shape, setup.micro_batch, setup.row_tokens)
     fits_gpu = peak <= setup.gpu_budget
@@ -147,6 +154,16 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
     why = _why(stage, peak, host, fits_gpu, fits_host, setup)
     return Row(option=stage.name, **terms, margin=margin, peak=peak, host=host, fits_gpu=fits_gpu,
                fits_host=fits_host, why=why)
+
+
+def _peak(stage: Stage, terms: Mapping[str, int]) -> tuple[int, int]:
+    """(margin, peak): the states less those not made, accumulation, the busiest of the backward, the step and
+    the mask's build, then the margin."""
+    backward = terms["activations"] + terms["logits"] + terms["buckets"]
+    unmargined = (terms["model_states"] - terms["states_not_made"] + terms["accumulation"]
+                  + max(memory.busiest_phase(stage, backward, terms["optimizer_step"]), terms["mask_build"]))
+    margin = memory.margin_bytes(unmargined)
+    return margin, unmargined + margin
 
 
 def _why(stage: Stage, peak: int, host: int, fits_gpu: bool, fits_host: bool | None, setup: Setup) -> str:
@@ -214,7 +231,8 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
                     host_memory_gib: float | None = None,
                     ds_configs: Mapping[str, Mapping[str, Any]] | None = None, grad_accum: int = 1,
                     liger_kernels: bool = False, offload_activations: bool = False,
-                    sequence_parallel: int = 1, one_pass_step: bool = False, flex_mask_elements: int = 0) -> Plan:
+                    sequence_parallel: int = 1, one_pass_step: bool = False, flex_mask_elements: int = 0,
+                    head_tiles_kept: bool = True) -> Plan:
     """Plan from a ModelShape (raw numbers, no model folder); ds_configs: option -> DeepSpeed config
     (default: the shipped ones)."""
     problems = [f"{name}={value!r}: expected at least 1" for name, value in
@@ -227,7 +245,7 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
         raise ValueError("; ".join(problems))
     setup = Setup(gpus_per_node, gpu_memory_gib, nodes, micro_batch, max_length, gradient_checkpointing,
                   host_memory_gib, grad_accum, liger_kernels, offload_activations, sequence_parallel, one_pass_step,
-                  flex_mask_elements)
+                  flex_mask_elements, head_tiles_kept)
     configs = ds_configs or {}
     split = max(shape.sequence_parallel_degrees(gpus_per_node), default=1)
     rows = []
@@ -273,11 +291,14 @@ def format_table(p: Plan) -> str:
                      f"{gib(r.host):>9.2f}  {fits}")
     not_made = max((r.states_not_made for r in p.rows), default=0)
     mask = max((r.mask_build for r in p.rows), default=0)
+    kept = max((r.head_kept for r in p.rows), default=0)
     lines += ["peak: states + accum + the larger of (activ + logits + buckets) and step"
               + (f" and flex attention's mask being built ({gib(mask):.2f})" if mask else "") + ", + margin"
               + (f"; ZeRO-1/2 less {gib(not_made):.2f} GiB of states: their step makes no fp32 gradients" if not_made
                  else ""),
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
+              *([f"logits: up to {gib(kept):.2f} GiB of it the LM head's tiles kept for its backward, where the "
+                 "option has room"] if kept else []),
               "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
               "", *_longest_rows_table(p),
               "", f"choice: {stages.get(p.choice).label if p.choice else 'none'}", p.reason]

@@ -99,6 +99,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         upstream.packed_rows_unchecked()
     if (spec.data or DataPlan(train=[])).loss_on == "all":  # nothing worth a wait to skip in the LM head
         upstream.every_position_scored()
+    upstream.lm_head_tiles_kept(spec.head_tiles_kept_bytes)  # what the plan counted (planner/memory.py)
     upstream.checkpoints_without_crc32()
     upstream.checkpoints_by_records()
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them

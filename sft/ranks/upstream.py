@@ -131,6 +131,19 @@ def every_position_scored() -> None:
     utils._use_triton = lambda device: False
 
 
+def lm_head_tiles_kept(budget: int) -> None:
+    """TRL 1.16's fused LM head projects every logits tile twice, once in the forward and again in its backward
+    (6.4 TFLOP a step for Qwen3-4B at 8,192 tokens). lm_head.py's restatement keeps up to `budget` bytes of the
+    forward's tiles for the backward (the planner's choice, RunSpec.head_tiles_kept_bytes; 0 keeps none and is
+    TRL's own). Remove when TRL keeps the tiles."""
+    from trl.trainer import utils
+
+    from .lm_head import TilesKeptLogProb
+
+    TilesKeptLogProb.budget = budget
+    utils._ChunkedLogProbFunction = TilesKeptLogProb  # _fused_forward calls it by its global name
+
+
 def flash_attention_4_outside_compile() -> None:
     """Under torch.compile, Dynamo traces into Transformers 5.24's FlashAttention-4 forward and flash-attn-4
     4.0.0b36's Python interface, which break its graph several times and guard on what changes from layer to
