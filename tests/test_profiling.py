@@ -94,3 +94,10 @@ def test_without_stacks_the_idle_time_is_charged_to_the_phase_and_host_op_and_th
                                "Memcpy", "DtoH"]
     assert gaps[1].split()[:6] == ["0.20", "0.200", "ms", "forward", "(no", "host"]
     assert light_report({"traceEvents": events[:5]}).startswith("no GPU activity")
+
+    # a profile started a step early: the GPU still runs the previous step's work (launched before the trace) when
+    # the step's host events begin, so the time before its first recorded kernel is not idle
+    late = [dict(e, ts=100, dur=100) if e["name"] == "nvjet_gemm" else e for e in events]
+    assert "idle 0.0006 s in 3 gaps" in light_report({"traceEvents": late})
+    queued = light_report({"traceEvents": late}, queued=True)
+    assert "window 0.0009 s from the step's first kernel" in queued and "idle 0.0005 s in 2 gaps" in queued

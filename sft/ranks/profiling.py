@@ -100,16 +100,27 @@ class StepProfile(TrainerCallback):
         self.restore: list[tuple[Any, str, Any]] = []
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step + 1 != self.step:
-            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        if self.timeline and state.global_step + 2 == self.step:
+            # The profiler's start waits for the GPU's queue, which would leave the profiled step's start with
+            # nothing queued and so idle time of its own: it starts a step early, warming up, and records from
+            # the next step's start on, with that step's queue as it is.
+            self.prof = torch.profiler.profile(activities=activities, with_stack=self.timeline == "stacks",
+                                               schedule=torch.profiler.schedule(wait=0, warmup=1, active=1))
+            self.prof.__enter__()
+            return
+        if state.global_step + 1 != self.step:
+            return
         if self.timeline:
             if self.timeline == "light":  # the phases as ranges, nothing synchronised, no Python stacks
                 self._mark_phases(self.trainer.model_wrapped, synchronised=False)
-            self.prof = torch.profiler.profile(activities=activities, with_stack=self.timeline == "stacks")
-            self.prof.__enter__()
+            if self.prof is None:  # the first step: nothing earlier to warm up in
+                self.prof = torch.profiler.profile(activities=activities, with_stack=self.timeline == "stacks")
+                self.prof.__enter__()
+            else:
+                self.prof.step()  # from warming up to recording
             self.syncs = Syncs().__enter__()
             self.began = time.perf_counter()
             return
@@ -122,7 +133,7 @@ class StepProfile(TrainerCallback):
         self.began = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.prof is None:
+        if self.prof is None or state.global_step != self.step:  # not while warming up, a step before
             return
         if self.timeline:
             return self._end_timeline()
@@ -155,7 +166,7 @@ class StepProfile(TrainerCallback):
         try:  # a developer's tool: what it cannot read is reported, the training goes on
             prof.export_chrome_trace(str(trace))
             text = f"profiled step {self.step}, {wall:.4f} s on the host, nothing synchronised\n" + report(
-                json.loads(trace.read_text()))
+                json.loads(trace.read_text()), queued=self.step > 1)  # started a step early (on_step_begin)
         except Exception as e:  # noqa: BLE001
             text = f"profiled step {self.step}: the timeline could not be read: {type(e).__name__}: {e}\n"
         (self.out / "profile-rank0.gaps.txt").write_text(text + "\n" + syncs.report())
@@ -273,10 +284,11 @@ ENGINE_PHASE = re.compile(r"deepspeed/runtime/engine\.py\(\d+\): (forward|backwa
 SAMPLE_US = 10.0
 
 
-def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
+def gaps_report(trace: dict[str, Any], top: int = 30, queued: bool = False) -> str:
     """What the host ran while the GPU was idle, from a Chrome trace recorded with Python stacks.
 
-    The idle time between the step's first host event and its last kernel is sampled every SAMPLE_US; each
+    The idle time between the step's first host event (queued: its first kernel, _window_start) and its last
+    kernel is sampled every SAMPLE_US; each
     sample is charged to the innermost Python frame of the thread at work and to that thread's innermost
     host op (aten op, CUDA runtime call). torch's profiler reports kernels and stacks but not this join: it is the
     view that says which code keeps the GPU waiting."""
@@ -287,7 +299,7 @@ def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
     threads = sorted({e["tid"] for e in python}, key=str)
     py_at = [_innermost([e for e in python if e["tid"] == t]) for t in threads]
     op_at = [_innermost([e for e in events if e.get("cat") in HOST_OPS and e["tid"] == t]) for t in threads]
-    start = min(float(e["ts"]) for e in python)
+    start = _window_start(min(float(e["ts"]) for e in python), gpu, queued)
     end = max(g[1] for g in gpu)
     busy, idle = _busy_and_idle([(s, e) for s, e, _ in gpu], start, end)
     by_kind: dict[str, float] = {}
@@ -313,7 +325,7 @@ def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
             by_op[name] = by_op.get(name, 0.0) + w
     window, idle_total = (end - start) / 1e6, sum(e - s for s, e in idle) / 1e6
     short = sum(e - s for s, e in idle if e - s < 20) / 1e6
-    lines = [f"window {window:.4f} s from the step's first host event to its last kernel; GPU busy "
+    lines = [f"window {window:.4f} s from {_WINDOW_FROM[queued]} to its last kernel; GPU busy "
              f"{busy / 1e6:.4f} s, idle {idle_total:.4f} s in {len(idle)} gaps ({short:.4f} s of it in gaps "
              f"under 20 us: kernels launched back to back)",
              "GPU seconds by kind: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(by_kind.items())),
@@ -328,7 +340,7 @@ def gaps_report(trace: dict[str, Any], top: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
-def light_report(trace: dict[str, Any], top: int = 15) -> str:
+def light_report(trace: dict[str, Any], top: int = 15, queued: bool = False) -> str:
     """The GPU's idle time in a step recorded without Python stacks (the host at its own speed: recording stacks
     slows Python several times, and so makes idle time of its own): by the engine's phase the host was in (the
     sft.* ranges), by the innermost host op, and the longest gaps with the kernels around them."""
@@ -340,7 +352,7 @@ def light_report(trace: dict[str, Any], top: int = 15) -> str:
                     if e.get("cat") == "user_annotation" and e["name"].startswith("sft."))
     threads = sorted({e["tid"] for e in host if e.get("cat") in HOST_OPS}, key=str)
     op_at = [_innermost([e for e in host if e.get("cat") in HOST_OPS and e["tid"] == t]) for t in threads]
-    start, end = min(float(e["ts"]) for e in host), max(g[1] for g in gpu)
+    start, end = _window_start(min(float(e["ts"]) for e in host), gpu, queued), max(g[1] for g in gpu)
     busy, idle = _busy_and_idle([(s, e) for s, e, _ in gpu], start, end)
 
     def phase_at(t: float) -> str:
@@ -362,7 +374,7 @@ def light_report(trace: dict[str, Any], top: int = 15) -> str:
             here[op] = here.get(op, 0.0) + w
         gap_op[(s, e)] = max(here, key=here.__getitem__)
     idle_total = sum(e - s for s, e in idle)
-    lines = [f"window {(end - start) / 1e6:.4f} s from the step's first host event to its last kernel; GPU busy "
+    lines = [f"window {(end - start) / 1e6:.4f} s from {_WINDOW_FROM[queued]} to its last kernel; GPU busy "
              f"{busy / 1e6:.4f} s, idle {idle_total / 1e6:.4f} s in {len(idle)} gaps (no Python stacks recorded)",
              "phases on the host: " + ", ".join(f"{n} {s / 1e3 - start / 1e3:.1f}-{e / 1e3 - start / 1e3:.1f} ms"
                                                  for s, e, n in phases),
@@ -380,6 +392,17 @@ def light_report(trace: dict[str, Any], top: int = 15) -> str:
         lines.append(f"  {(s - start) / 1e3:8.2f} {(e - s) / 1e3:7.3f} ms  {phase_at((s + e) / 2):<10} "
                      f"{gap_op[(s, e)][:50]:<50}  {before} / {after}")
     return "\n".join(lines) + "\n"
+
+
+_WINDOW_FROM = {False: "the step's first host event",
+                True: "the step's first kernel (before it, the GPU ran the previous step's work, not recorded)"}
+
+
+def _window_start(host_start: float, gpu: list[tuple[float, float, str]], queued: bool) -> float:
+    """Where the step's window starts: at its first host event, or, where the GPU was still running work queued
+    before the trace began (a profiler started a step early), at the first kernel the trace holds; the time
+    before it is that earlier work's, which the trace cannot show, not idle time."""
+    return max(host_start, gpu[0][0]) if queued else host_start
 
 
 def _spans(trace: dict[str, Any]) -> tuple[list[dict], list[tuple[float, float, str]]]:
