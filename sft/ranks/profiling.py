@@ -116,11 +116,12 @@ class StepProfile(TrainerCallback):
         if self.timeline:
             if self.timeline == "light":  # the phases as ranges, nothing synchronised, no Python stacks
                 self._mark_phases(self.trainer.model_wrapped, synchronised=False)
-            if self.prof is None:  # the first step: nothing earlier to warm up in
+            self.warmed = self.prof is not None  # started a step early: the GPU still runs that step's work
+            if self.warmed:
+                self.prof.step()  # from warming up to recording
+            else:  # the launch's first step: nothing earlier to warm up in
                 self.prof = torch.profiler.profile(activities=activities, with_stack=self.timeline == "stacks")
                 self.prof.__enter__()
-            else:
-                self.prof.step()  # from warming up to recording
             self.syncs = Syncs().__enter__()
             self.began = time.perf_counter()
             return
@@ -166,7 +167,7 @@ class StepProfile(TrainerCallback):
         try:  # a developer's tool: what it cannot read is reported, the training goes on
             prof.export_chrome_trace(str(trace))
             text = f"profiled step {self.step}, {wall:.4f} s on the host, nothing synchronised\n" + report(
-                json.loads(trace.read_text()), queued=self.step > 1)  # started a step early (on_step_begin)
+                json.loads(trace.read_text()), queued=self.warmed)
         except Exception as e:  # noqa: BLE001
             text = f"profiled step {self.step}: the timeline could not be read: {type(e).__name__}: {e}\n"
         (self.out / "profile-rank0.gaps.txt").write_text(text + "\n" + syncs.report())
