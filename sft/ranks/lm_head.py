@@ -24,6 +24,21 @@ def tile_bounds(n_tokens: int, vocab: int, chunk_size: int) -> list[tuple[int, i
             for t in range(0, n_tokens, trl_head.TOKEN_CHUNK_SIZE) for v in range(0, vocab, chunk_size)]
 
 
+def _project(out: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t0: int, t1: int,
+             v0: int, v1: int) -> torch.Tensor:
+    """One tile of `hidden @ weight.T (+ bias)` into `out`, as TRL projects it (`hidden` already in the compute
+    dtype)."""
+    torch.mm(hidden[t0:t1], weight[v0:v1].to(out.dtype).t(), out=out)
+    if bias is not None:
+        out.add_(bias[v0:v1].to(out.dtype))
+    return out
+
+
+def _shared_buffer(n_tokens: int, chunk_size: int, device, dtype) -> torch.Tensor:
+    """TRL's one tile buffer, through which the tiles not kept are projected."""
+    return torch.empty((min(n_tokens, trl_head.TOKEN_CHUNK_SIZE), chunk_size), device=device, dtype=dtype)
+
+
 class TilesKeptLogProb(torch.autograd.Function):
     """`trl.kernels.ChunkedLogProbFunction` (the same arguments and outputs), its tiles kept up to `budget`."""
 
@@ -42,6 +57,7 @@ class TilesKeptLogProb(torch.autograd.Function):
         stats = {name: torch.full((n_tokens,), value, device=device, dtype=torch.float32) for name, value in
                  (("running_max", float("-inf")), ("sum_exp", 0.0), ("x_sum_exp", 0.0), ("sq_sum_exp", 0.0),
                   ("z_sum", 0.0), ("max_before_target", float("-inf")), ("target_logit", 0.0))}
+        hidden_c = hidden.to(compute_dtype)  # once, not once a tile (a no-op in the compute dtype)
         shared = None  # TRL's one buffer, for the tiles not kept
         kept, left = [], TilesKeptLogProb.budget
         for t0, t1, v0, v1 in tile_bounds(n_tokens, vocab, chunk_size):
@@ -51,13 +67,10 @@ class TilesKeptLogProb(torch.autograd.Function):
                 kept.append(tile)
             else:
                 if shared is None:
-                    shared = torch.empty((min(n_tokens, trl_head.TOKEN_CHUNK_SIZE), chunk_size), device=device,
-                                         dtype=compute_dtype)
+                    shared = _shared_buffer(n_tokens, chunk_size, device, compute_dtype)
                 tile = shared[:t1 - t0, :v1 - v0]
                 kept.append(None)
-            torch.mm(hidden[t0:t1].to(compute_dtype), weight[v0:v1].to(compute_dtype).t(), out=tile)
-            if bias is not None:
-                tile.add_(bias[v0:v1].to(compute_dtype))
+            _project(tile, hidden_c, weight, bias, t0, t1, v0, v1)
             fold = trl_head._forward_kernel[(t1 - t0,)] if trl_head._use_triton(device) else trl_head._forward_tile
             fold(tile, tile.stride(0), targets[t0:t1], *(s[t0:t1] for s in stats.values()), v0, v1 - v0,
                  BLOCK_SIZE=trl_head._BLOCK_SIZE, **flags, **kernel_args)
@@ -89,18 +102,14 @@ class TilesKeptLogProb(torch.autograd.Function):
             grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=torch.float32) if needs_bias else None
             grad_logprobs = grad_logprobs.float().contiguous() if grad_logprobs is not None else None
             grad_entropy = grad_entropy.float().contiguous() if grad_entropy is not None else None
-            shared = None
+            hidden_c, shared = hidden.to(dtype), None
             for i, (t0, t1, v0, v1) in enumerate(tile_bounds(n_tokens, vocab, ctx.chunk_size)):
-                hidden_chunk, w_chunk = hidden[t0:t1].to(dtype), weight[v0:v1].to(dtype)
+                hidden_chunk, w_chunk = hidden_c[t0:t1], weight[v0:v1].to(dtype)
                 tile, kept[i] = kept[i], None  # each kept tile is freed once used
                 if tile is None:
                     if shared is None:
-                        shared = torch.empty((min(n_tokens, trl_head.TOKEN_CHUNK_SIZE), ctx.chunk_size),
-                                             device=hidden.device, dtype=dtype)
-                    tile = shared[:t1 - t0, :v1 - v0]
-                    torch.mm(hidden_chunk, w_chunk.t(), out=tile)
-                    if bias is not None:
-                        tile.add_(bias[v0:v1].to(dtype))
+                        shared = _shared_buffer(n_tokens, ctx.chunk_size, hidden.device, dtype)
+                    tile = _project(shared[:t1 - t0, :v1 - v0], hidden_c, weight, bias, t0, t1, v0, v1)
                 fold = (trl_head._backward_kernel[(t1 - t0, -(-(v1 - v0) // trl_head._BLOCK_SIZE))]
                         if trl_head._use_triton(hidden.device) else trl_head._backward_tile)
                 fold(tile, tile.stride(0), targets[t0:t1], log_z[t0:t1], entropy[t0:t1],
