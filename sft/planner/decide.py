@@ -183,8 +183,9 @@ def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any],
     else:
         for name in stages.PREFERENCE:
             stage, config = stages.get(name), stages.shipped_config(name)
-            if (split := _fitting_level(inputs, _at_stage(inputs, d, stage, config))) is not None:
-                p = _plan(inputs, d, split)
+            at = _at_stage(inputs, d, stage, config)
+            if (split := _fitting_level(inputs, at)) is not None:  # its figure the table's: the plan of `at`
+                p = _plan(inputs, at, split)
                 return stage, config, f"auto: {stage.label}, the lowest option that {p.row(name).why}", split
         p = _plan(inputs, d, _levels(inputs, d)[-1])
         raise CannotRun(f"no ZeRO option fits this machine: {p.reason}", exitcodes.PREFLIGHT, p)
