@@ -200,6 +200,9 @@ class RunSpec(Record):
     chat_template: str | None = None  # SFT_CHAT_TEMPLATE: TRL's chat_template_path
     sequence_parallel: int = 1  # GPUs that share each row (DeepSpeed's Ulysses); 1: off
     head_tiles_kept_bytes: int = 0  # the LM head's logits tiles kept for its backward (planner/memory.py); 0: none
+    # FlashAttention-4's kernels are compiled beside the ranks' start by a process holding this lock, which each rank
+    # waits for at its first attention call (ranks/attention_ahead.py); "": none
+    attention_lock: str = ""
     # A training launch that is also the probe: after this many steps (or the run's last, if sooner) every rank
     # reports as a probe (RankReport mode "probe") and waits for the controller's Verdict in verdict_file. 0: never.
     hold_at: int = 0

@@ -28,6 +28,10 @@ def test_job_on_the_gpu_in_bf16(tmp_path, stage):
     assert probe["device"].startswith("NVIDIA") and all(g > 0 for g in probe["peak_reserved_gib"])
     predicted = next(o["peak"] for o in summary["plan"]["options"] if o["option"] == stage)
     assert max(probe["peak_reserved_gib"]) <= predicted  # an under-prediction is a user's OOM
+    if attention == "flash_attention_4":  # its kernels compiled beside the ranks' start: the ranks compiled none
+        ahead = json.loads((tmp_path / "out" / "run" / "reports" / "attention-ahead.json").read_text())
+        cache = tmp_path / "out" / "run" / "compile-cache" / "flash-attention"
+        assert ahead["kernels"] and sorted(str(p.relative_to(cache)) for p in cache.rglob("*.o")) == ahead["kernels"]
 
 
 def test_sft_gpus_naming_a_gpu_that_is_not_there_is_reported_with_the_other_problems(tmp_path):
@@ -132,10 +136,10 @@ def test_flash_attention_4_keeps_packed_sequences_apart():
                 assert drift > 0.2, drift
             start += len(seq)
 
-    # compiled layers, as the job runs them (upstream.flash_attention_4_outside_compile): the same packed losses
+    # compiled layers, as the job runs them (upstream.flash_attention_4): the same packed losses
     from sft.ranks import upstream
 
-    upstream.flash_attention_4_outside_compile()
+    upstream.flash_attention_4(outside_compile=True)
     model.set_attn_implementation("flash_attention_4")
     for layer in model.model.layers:
         layer.compile()

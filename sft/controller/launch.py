@@ -7,6 +7,7 @@ rank polls each step), and only kills them when SFT_STOP_GRACE_SECONDS have pass
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..console import say
+from ..handoff import RunSpec
 from ..lifeline import die_with_parent
 from ..nodes import Nodes
 from ..planner.inputs import Ranks
@@ -23,6 +25,7 @@ from ..settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RANK_PROGRAM = "sft.ranks.train"  # what the launcher starts on every rank
+AHEAD_PROGRAM = "sft.ranks.attention_ahead"  # FlashAttention-4's kernels, compiled while the ranks start
 # After the grace period: SIGTERM to the launcher's group, then SIGKILL this many seconds later.
 KILL_AFTER_SECONDS = 15
 
@@ -70,6 +73,31 @@ def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
     return env
 
 
+def compile_ahead(spec: RunSpec | None, spec_path: Path, env: dict[str, str], ranks: Ranks) -> subprocess.Popen | None:
+    """Where the ranks run FlashAttention-4 on GPUs (RunSpec.attention_lock): its kernels compiled meanwhile on
+    the first rank's GPU (sft/ranks/attention_ahead.py), by a process that holds the lock until it ends. The lock
+    is taken here, before the ranks start, so that no rank can find it free too early; the process inherits it."""
+    if spec is None or not spec.attention_lock or not ranks.on_gpu:
+        return None
+    lock = Path(spec.attention_lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another node's, on a shared folder: the ranks wait for that one
+            return None
+        first = {**env, "CUDA_VISIBLE_DEVICES": _visible_devices(ranks.gpus[:1])}
+        # its own session, as the launcher's: a Ctrl-C reaches the controller, which ends it with the launch
+        return subprocess.Popen([sys.executable, "-m", AHEAD_PROGRAM, str(spec_path)], cwd=REPO_ROOT, env=first,
+                                stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True)
+    except OSError as e:  # the ranks compile the kernels at their first step, as without this
+        say(f"FlashAttention-4's kernels are not compiled ahead: {e}")
+        return None
+    finally:
+        os.close(fd)  # the process holds the lock now, or nobody does
+
+
 def _inductor_default() -> str:
     """Inductor's own cache folder, which it writes into this process's environment the first time anything
     asks for its cache (torch._inductor.runtime.cache_dir_utils.cache_dir): found there, it is not the user's."""
@@ -91,10 +119,11 @@ class Launch:
     """One run of the ranks; `stop()` asks them to save and stop, then enforces the grace period."""
 
     def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path, nodes: Nodes = Nodes()):
-        self.settings, self.ranks, self.stop_file = s, ranks, stop_file
+        self.settings, self.ranks, self.stop_file, self.spec_path = s, ranks, stop_file, spec_path
         self.cmd = command(s, ranks, spec_path, nodes, nodes.master_port or free_port())
         self.deadline: float | None = None
         self.proc: subprocess.Popen | None = None
+        self.ahead: subprocess.Popen | None = None
 
     def run(self) -> int:
         """Run to the end; return the launcher's exit code."""
@@ -106,8 +135,9 @@ class Launch:
         # The launcher runs in its own session (signals reach this process first) and dies with it
         # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
         guarded = [sys.executable, "-m", __name__, str(os.getpid()), *self.cmd]
-        self.proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=environment(self.settings, self.ranks),
-                                     start_new_session=True)
+        env = environment(self.settings, self.ranks)
+        self.ahead = compile_ahead(RunSpec.load(self.spec_path), self.spec_path, env, self.ranks)
+        self.proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=env, start_new_session=True)
 
     def wait(self, seconds: float | None = None) -> int | None:
         """The launcher's exit code once it ends; None if it still runs after `seconds` (None: wait to the end).
@@ -116,11 +146,20 @@ class Launch:
         until = None if seconds is None else time.monotonic() + seconds
         while True:
             try:
-                return self.proc.wait(timeout=1 if until is None else max(0.0, min(1.0, until - time.monotonic())))
+                code = self.proc.wait(timeout=1 if until is None else max(0.0, min(1.0, until - time.monotonic())))
+                self._end_ahead()
+                return code
             except subprocess.TimeoutExpired:
                 self._enforce_deadline()
                 if until is not None and time.monotonic() >= until:
                     return None
+
+    def _end_ahead(self) -> None:
+        """The kernels' process ends with the ranks, whatever it still does (it has long finished, normally)."""
+        if self.ahead is not None and self.ahead.poll() is None:
+            self.ahead.kill()
+        if self.ahead is not None:
+            self.ahead.wait()
 
     def stop(self) -> None:
         if self.deadline is not None:

@@ -37,6 +37,11 @@ class Paths:
         return self.run / "verdict.json"
 
     @property
+    def attention_lock(self) -> Path:
+        """Held by the process compiling FlashAttention-4's kernels while the ranks start (ranks/attention_ahead.py)."""
+        return self.run / "attention-kernels.lock"
+
+    @property
     def summary(self) -> Path:
         return self.run / "summary.json"
 

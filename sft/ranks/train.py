@@ -93,8 +93,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
         upstream.zero_step_in_one_pass()
     if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)
         upstream.flex_block_mask_uncompiled()
-    if spec.attention == "flash_attention_4" and spec.compile:  # its interface is not traceable (upstream.py)
-        upstream.flash_attention_4_outside_compile()
+    if spec.attention == "flash_attention_4":  # outside the compiled graph; its kernels compiled ahead (upstream.py)
+        upstream.flash_attention_4(outside_compile=spec.compile, kernels_ahead_lock=spec.attention_lock)
     if spec.attention == "flash_attention_4":  # the packed rows' mask is None whatever it is asked
         upstream.packed_rows_unchecked()
     if (spec.data or DataPlan(train=[])).loss_on == "all":  # nothing worth a wait to skip in the LM head
