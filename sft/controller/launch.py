@@ -63,7 +63,7 @@ def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
     if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):  # unless the user pointed it elsewhere
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-    # FlashAttention-4 compiles its CuTe kernels at the first step, 25-36 s on an H200 (docs/speed.md); its
+    # FlashAttention-4's CuTe kernels, compiled while the ranks start (compile_ahead) or at their first step; its
     # own persistent cache is off unless asked for.
     env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(cache / "flash-attention"))
