@@ -65,7 +65,9 @@ def test_the_process_holds_the_lock_from_before_it_starts_until_it_ends(tmp_path
     waited = attention_ahead.wait(spec.attention_lock)
     assert process.wait(timeout=5) == 1 and waited <= time.monotonic() - began
     assert not held(spec.attention_lock)
-    assert "FlashAttention-4's kernels were not compiled ahead" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert "FlashAttention-4's kernels: compiled meanwhile on GPU 0 (sft.ranks.attention_ahead)" in out
+    assert "FlashAttention-4's kernels were not compiled ahead" in out
 
 
 def test_no_process_on_cpu_ranks_without_a_lock_or_where_the_lock_is_taken(tmp_path):

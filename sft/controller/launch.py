@@ -89,8 +89,11 @@ def compile_ahead(spec: RunSpec | None, spec_path: Path, env: dict[str, str], ra
             return None
         first = {**env, "CUDA_VISIBLE_DEVICES": _visible_devices(ranks.gpus[:1])}
         # its own session, as the launcher's: a Ctrl-C reaches the controller, which ends it with the launch
-        return subprocess.Popen([sys.executable, "-m", AHEAD_PROGRAM, str(spec_path)], cwd=REPO_ROOT, env=first,
-                                stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-m", AHEAD_PROGRAM, str(spec_path)], cwd=REPO_ROOT, env=first,
+                                   stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True)
+        say(f"FlashAttention-4's kernels: compiled meanwhile on GPU {ranks.gpus[0]} ({AHEAD_PROGRAM}); the ranks "
+            "wait for them at their first attention call")
+        return process
     except OSError as e:  # the ranks compile the kernels at their first step, as without this
         say(f"FlashAttention-4's kernels are not compiled ahead: {e}")
         return None
