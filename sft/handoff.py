@@ -235,6 +235,7 @@ class RankReport(Record):
     steps: list[list[float]] = field(default_factory=list)  # [step, perf_counter seconds, tokens so far]
     train_began: float | None = None  # perf_counter when the Trainer began its loop (the first step's start)
     first_step_wall: float | None = None  # time.time() when the first step ended: start-up as users wait it
+    train_began_wall: float | None = None  # time.time() at train_began: the ranks' start before any step
     steps_per_epoch: int | None = None
     conversations: int | None = None
     global_step: int | None = None

@@ -72,6 +72,22 @@ def test_a_recompiling_step_is_a_stall_not_the_steady_rate():
     assert "stall_seconds" not in smooth and abs(smooth["seconds_per_step"] - rates["seconds_per_step"]) < 0.001
 
 
+def test_the_start_is_split_at_the_ranks_training_loop():
+    """From the job's start: 27.0 s to the ranks' training loop, the first step ending 30.9 s later (the H200's
+    default row of 2026-12-04 had about these: its compilation is the first step's)."""
+    main = RankReport.from_dict({"mode": "probe", "rank": 0, "world_size": 1, "peak_reserved_bytes": 95 * GIB,
+                                 "device": "NVIDIA H200", "steps_per_epoch": 262, "global_step": 14,
+                                 "steps": [[i, 130.9 + 0.41 * (i - 1), 8192 * i] for i in range(1, 15)],
+                                 "train_began": 100.0, "train_began_wall": 1000.0 + 27.0,
+                                 "first_step_wall": 1000.0 + 57.9})
+    fig = probe.figures([main], SETTINGS, started_at=1000.0)
+    assert (fig["seconds_to_training_loop"], fig["seconds_to_first_step"]) == (27.0, 57.9)
+    table = probe.table(fig).splitlines()
+    at = next(i for i, line in enumerate(table) if line.strip().startswith("seconds from start to first step"))
+    assert table[at + 1].split("loop", 1)[1].strip().startswith("27.0 (the decision, the ranks' imports")
+    assert "training loop" not in probe.table(probe.figures([main], SETTINGS))  # no start given: no split
+
+
 def one_epoch(save_steps: int, save_seconds: float) -> dict:
     """Figures of a probe like an H200's on Qwen3-4B (2026-12-03): 0.4705 s a step, 2,073 steps an epoch."""
     from sft.planner.budget import Overheads

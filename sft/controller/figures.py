@@ -88,6 +88,8 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
         out["warmup_seconds"] = warmup
     if started_at is not None and main.first_step_wall is not None:
         out["seconds_to_first_step"] = round(main.first_step_wall - started_at, 1)
+    if started_at is not None and main.train_began_wall is not None:  # the rest of it: the first step, compiled
+        out["seconds_to_training_loop"] = round(main.train_began_wall - started_at, 1)
     if (p := projection(out, s, overheads or Overheads())) is not None:
         out.update(total_steps=p.total_steps, train_hours=round(p.train_seconds() / 3600, 3),
                    other_hours=round((p.seconds() - p.train_seconds()) / 3600, 3), projected_hours=round(p.hours(), 3),
@@ -176,6 +178,9 @@ def table(fig: dict[str, Any]) -> str:
         *([("  of which later stalls", f"{fig['stall_seconds']} (steps {STALL_FACTOR:g}x the steady one or "
             "more: a recompilation)")] if fig.get("stall_seconds") else []),
         ("seconds from start to first step", fig.get("seconds_to_first_step", "n/a")),
+        *([("  of which to the ranks' training loop", f"{fig['seconds_to_training_loop']} (the decision, the ranks' "
+            "imports, the model, DeepSpeed; the rest is the first step and its compilation)")]
+          if "seconds_to_training_loop" in fig else []),
         ("peak reserved GiB per rank", ", ".join(f"{g:.2f}" for g in fig["peak_reserved_gib"])),
         ("steps per epoch", fig.get("steps_per_epoch")),
         ("steps to train", fig.get("total_steps", "n/a")),

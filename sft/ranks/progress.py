@@ -102,7 +102,7 @@ class ProgressCallback(TrainerCallback):
         self.hold = None  # a Hold (ranks/hold.py) where this training launch is also the probe
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.report.train_began = time.perf_counter()
+        self.report.train_began, self.report.train_began_wall = time.perf_counter(), time.time()
 
     def on_step_end(self, args, state, control, **kwargs):
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
