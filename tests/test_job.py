@@ -47,8 +47,9 @@ def test_probe_then_full_epoch(runs, stage):
     assert probe["steps"] == 5 and probe["world_size"] == 2 and len(probe["peak_reserved_gib"]) == 2
     assert probe["tokens_per_second"] > 0 and probe["steps_per_epoch"] == EPOCH_STEPS
     assert probe["total_steps"] == EPOCH_STEPS and probe["projected_hours"] >= 0
-    # where the start went: to the ranks' training loop, then the first step
-    assert 0 < probe["seconds_to_training_loop"] <= probe["seconds_to_first_step"]  # equal where the first step is shorter than their rounding (0.1 s)
+    # where the start went: to the ranks' training loop, then the first step (equal where the first step is
+    # shorter than their rounding, 0.1 s)
+    assert 0 < probe["seconds_to_training_loop"] <= probe["seconds_to_first_step"]
     assert "of which to the ranks' training loop" in result.stdout
     summary = read_summary(out)
     assert summary["status"] == "done" and summary["stage"] == stage

@@ -159,10 +159,11 @@ class Launch:
 
     def _end_ahead(self) -> None:
         """The kernels' process ends with the ranks, whatever it still does (it has long finished, normally)."""
-        if self.ahead is not None and self.ahead.poll() is None:
+        if self.ahead is None:
+            return
+        if self.ahead.poll() is None:
             self.ahead.kill()
-        if self.ahead is not None:
-            self.ahead.wait()
+        self.ahead.wait()
 
     def stop(self) -> None:
         if self.deadline is not None:

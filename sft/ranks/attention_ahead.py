@@ -21,7 +21,6 @@ compiles what is missing at its first call, as it would without this process: a 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sys
 import time
@@ -99,7 +98,7 @@ def compile_ahead(spec) -> str:
 
 
 def main(spec_path: str) -> int:
-    from ..handoff import RunSpec
+    from ..handoff import RunSpec, write_json
     from ..lifeline import die_with_parent
 
     die_with_parent()  # the controller's launch ends this process with itself
@@ -111,14 +110,12 @@ def main(spec_path: str) -> int:
         print(f"FlashAttention-4's kernels were not compiled ahead ({type(e).__name__}: {e}); the ranks compile "
               "them at their first step", flush=True)
         return 1
+    seconds = time.monotonic() - began
     cache = Path(os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "."))
     kernels = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.o")) if cache.is_dir() else []
-    print(f"FlashAttention-4's kernels ready in {time.monotonic() - began:.1f} s ({what}; "
-          f"{len(kernels)} in {cache})", flush=True)
+    print(f"FlashAttention-4's kernels ready in {seconds:.1f} s ({what}; {len(kernels)} in {cache})", flush=True)
     if spec.report_dir:  # what the ranks should find there, for the tests
-        Path(spec.report_dir).mkdir(parents=True, exist_ok=True)
-        (Path(spec.report_dir) / "attention-ahead.json").write_text(json.dumps(
-            {"seconds": round(time.monotonic() - began, 1), "kernels": kernels}))
+        write_json(Path(spec.report_dir) / "attention-ahead.json", {"seconds": round(seconds, 1), "kernels": kernels})
     return 0
 
 
