@@ -152,8 +152,13 @@ def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings
     profile = work / name / "run" / "reports" / "profile-rank0.json"
     gaps = work / name / "run" / "reports" / "profile-rank0.gaps.txt"
     report = work / name / "run" / "reports" / "probe-rank0.json"
-    history = json.loads(report.read_text()).get("log_history", []) if report.exists() else []
-    return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig,
+    rank0 = json.loads(report.read_text()) if report.exists() else {}
+    history = rank0.get("log_history", [])
+    # seconds from this script's launch of the entrypoint to rank 0's first step: the job's own figure
+    # (seconds_to_first_step) on this script's clock, the same for any version of the job
+    launched = {"launch_to_first_step": round(rank0["first_step_wall"] - start, 1)} if rank0.get(
+        "first_step_wall") else {}
+    return {"name": name, "exit": code, "wall_s": round(time.time() - start), **split, **fig, **launched,
             "batch_search": summary.get("batch_search"), "phases": summary.get("phases"),
             "profile": json.loads(profile.read_text()) if profile.exists() else None,
             "gaps": gaps.read_text() if gaps.exists() else None,
@@ -223,7 +228,8 @@ def main(model: str, data: str, configs: str, steps: int, work: Path, gpus: str,
                        (f"{tps:.0f} tokens/s, {tps / r['world_size'] * 6 * n / PEAK_FLOPS:.1%} MFU/GPU, peak "
                         f"{max(t.get('peak_reserved_gib') or [0]):.1f} GiB" if tps else t.get("out_of_memory", "-")))
     for r in rows:
-        click.echo(f"  {r['name']}: {r.get('seconds_to_first_step', '-')} s from start to the first step, "
+        click.echo(f"  {r['name']}: {r.get('seconds_to_first_step', '-')} s from start to the first step "
+                   f"({r.get('launch_to_first_step', '-')} s from this script's launch), "
                    f"warm-up {r.get('warmup_seconds', '-')} s beyond the steady rate; phases {r.get('phases')}")
         if r.get("profile"):
             click.echo(profile_table(r["name"], r["profile"]))

@@ -295,6 +295,20 @@ def test_the_import_check_runs_in_a_child_beside_the_job_and_reports_why_it_fail
     assert done.import_check is None and done.machine.flash_attention_4_broken.startswith("ImportError: libcuda")
 
 
+def test_the_job_counts_from_its_process_start():
+    """process_started_at: the process's start from /proc, so what ran before the job's code counts."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = ("import time; time.sleep(1.5); from sft.controller.machine import process_started_at; "
+            "print(time.time() - process_started_at())")
+    waited = float(subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout)
+    assert 1.5 <= waited < 60
+
+
 def test_a_machine_that_fails_several_checks_at_once():
     facts = m.Facts(Machine(gpus=(GPU("NVIDIA H200", 139 * GIB),) * 2, host_memory_bytes=8 * GIB,
                             memlock_bytes=64 * 1024), "/out", nvcc=None, torch_cuda="13.0",

@@ -32,7 +32,7 @@ from .runs import Held, Runner
 
 def run(s: Settings, probe_only: bool = False) -> int:
     """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says."""
-    started_at = time.time()
+    started_at = machine.process_started_at()  # the job's figures count from it: what a user waits
     where = nodes.from_env(os.environ)
     facts = machine.measure(s.output_dir, where.nnodes, s.attention)
     try:

@@ -78,6 +78,19 @@ def measure_links(facts: Facts, ranks: Ranks) -> Facts:
     return replace(facts, topology=nvidia_smi_topo(), allreduce_gbps=busbw, allreduce_error=error)
 
 
+def process_started_at() -> float:
+    """When this process started, as time.time(): from Linux's /proc/self/stat (its start in clock ticks on the
+    boot-time clock), so what ran before the job's code (the interpreter, reading the settings' inputs: the
+    model's shape imports torch and Transformers' modelling code) is counted; elsewhere, now. (Not /proc/stat's
+    boot time: whole seconds, so up to a second off.)"""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])  # field 22: starttime
+        running = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+    return time.time() - running
+
+
 def gpus() -> tuple[GPU, ...]:
     """Name and total memory of each GPU this process sees, from torch.cuda."""
     import torch
