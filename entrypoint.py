@@ -14,6 +14,7 @@ import contextlib
 import json
 import sys
 import textwrap
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,6 +22,9 @@ from sft import exitcodes
 from sft.controller import inputs as checks
 from sft.hub import transport
 from sft.settings import ECOSYSTEM_VARS, Settings, SettingsError, describe, from_env, refusal
+
+if TYPE_CHECKING:
+    from sft.controller.machine import ImportCheck
 
 
 def _variables_help() -> str:
@@ -57,6 +61,23 @@ def load_settings(finders=()) -> Settings:
     return s
 
 
+def job_settings() -> tuple[Settings, ImportCheck | None]:
+    """load_settings for a job (`run`, `probe`), with FlashAttention-4's import check started before the inputs
+    are read (controller/machine.py::early_import_check says why); stopped if the settings are refused."""
+    from sft.controller import machine
+
+    try:
+        check = machine.early_import_check(from_env().attention)
+    except SettingsError as e:
+        check = machine.early_import_check(e.settings.attention)
+    try:
+        return load_settings(checks.JOB), check
+    except SystemExit:
+        if check is not None:
+            check.cancel()
+        raise
+
+
 def _print_version(ctx: click.Context, param, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
@@ -83,7 +104,7 @@ def run() -> None:
     """Validate, probe, train the full epoch(s), write final/ and the summary."""
     from sft.controller import job
 
-    sys.exit(job.run(load_settings(checks.JOB)))
+    sys.exit(job.run(*job_settings()))
 
 
 @cli.command()
@@ -91,7 +112,7 @@ def probe() -> None:
     """Only the timing probe: speed, peak memory per rank, projected duration and cost."""
     from sft.controller import job
 
-    sys.exit(job.run(load_settings(checks.JOB), probe_only=True))
+    sys.exit(job.run(*job_settings(), probe_only=True))
 
 
 @cli.command()

@@ -295,6 +295,19 @@ def test_the_import_check_runs_in_a_child_beside_the_job_and_reports_why_it_fail
     assert done.import_check is None and done.machine.flash_attention_4_broken.startswith("ImportError: libcuda")
 
 
+def test_an_early_import_check_is_kept_where_a_gpu_could_use_it_and_stopped_where_none_can(tmp_path, monkeypatch):
+    """The entrypoint starts FlashAttention-4's import check before the model's shape is read
+    (early_import_check); measure keeps it where a GPU could run FlashAttention-4, and stops it here (CPU)."""
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert m.early_import_check("sdpa") is None  # SFT_ATTENTION rules FlashAttention-4 out
+    early = m.ImportCheck.start("slow_to_import")
+    began = time.monotonic()
+    facts = m.measure(str(tmp_path / "out"), early=early)
+    assert facts.import_check is None and early.child.returncode is not None  # stopped, not waited out
+    assert time.monotonic() - began < 30
+
+
 def test_the_job_counts_from_its_process_start():
     """process_started_at: the process's start from /proc, so what ran before the job's code counts."""
     import subprocess

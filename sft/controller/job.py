@@ -30,11 +30,12 @@ from .output import Paths, eval_results, losses, plot_loss
 from .runs import Held, Runner
 
 
-def run(s: Settings, probe_only: bool = False) -> int:
-    """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says."""
+def run(s: Settings, import_check: machine.ImportCheck | None = None, probe_only: bool = False) -> int:
+    """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says.
+    `import_check`: FlashAttention-4's, if the entrypoint started it before reading the settings' inputs."""
     started_at = machine.process_started_at()  # the job's figures count from it: what a user waits
     where = nodes.from_env(os.environ)
-    facts = machine.measure(s.output_dir, where.nnodes, s.attention)
+    facts = machine.measure(s.output_dir, where.nnodes, s.attention, early=import_check)
     try:
         ranks, _ = rules.choose_ranks(s, facts.machine)
         team = coordinate.join(s, where, ranks)

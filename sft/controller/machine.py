@@ -43,20 +43,34 @@ class Facts:
     import_check: ImportCheck | None = None  # FlashAttention-4's, running: `settled` reads it into machine
 
 
-def measure(output_dir: str, nodes: int = 1, attention: str = "auto") -> Facts:
+def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: ImportCheck | None = None) -> Facts:
     """Everything a start checks; cheap (no GPU work; no subprocess but nvcc --version, and FlashAttention-4's
-    import where a GPU could run it and SFT_ATTENTION allows it, started here in the background: `settled`
-    waits for it, once the Hub and the data are checked)."""
+    import where a GPU could run it and SFT_ATTENTION allows it, running in the background: `early`'s if the
+    entrypoint started it (`early_import_check`), else started here; `settled` waits for it, once the Hub and
+    the data are checked)."""
     import torch
 
     found, on = gpus(), flash_attention_4_installed()
     could_run = (on and attention in ("auto", "flash_attention_4")
                  and any(g.capability >= FLASH_ATTENTION_4_CAPABILITY for g in found))
+    if early is not None and not could_run:
+        early.cancel()  # no GPU here runs FlashAttention-4: its import says nothing the decision reads
     machine = Machine(gpus=found, host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
                       liger_installed=liger_available(), flash_attention_4_installed=on, nodes=nodes)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
                  shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir),
-                 import_check=ImportCheck.start("flash_attn.cute") if could_run else None)
+                 import_check=(early or ImportCheck.start("flash_attn.cute")) if could_run else None)
+
+
+def early_import_check(attention: str) -> ImportCheck | None:
+    """FlashAttention-4's import check, started before the settings' inputs are read, where it is installed and
+    SFT_ATTENTION allows it (whether a GPU here can run it is known later: `measure` cancels it if none can).
+    Why so early: reading the model's shape imports torch and Transformers' modelling code (5-8 s on an H200's
+    host, docs/speed.md), time the check's own imports now run beside; started after them, the decision waited
+    2.7 s for it."""
+    if attention in ("auto", "flash_attention_4") and flash_attention_4_installed():
+        return ImportCheck.start("flash_attn.cute")
+    return None
 
 
 def settled(facts: Facts) -> Facts:
@@ -128,6 +142,12 @@ class ImportCheck:
             return f"importing {self.module} took more than {self.timeout_s:.0f} s"
         lines = (stderr or "").strip().splitlines()
         return "" if self.child.returncode == 0 else (lines[-1] if lines else f"exit code {self.child.returncode}")
+
+    def cancel(self) -> None:
+        """Stop the child, its answer no longer wanted (the settings refused, or no GPU here can use it)."""
+        if self.child.poll() is None:
+            self.child.kill()
+        self.child.communicate()
 
 
 def nvcc_version(path: str | None = None, cuda_home: str | None = None,
