@@ -204,6 +204,31 @@ def test_the_zero_step_in_one_pass_compiled_is_torchs_fused_adamw():
         assert torch.equal(weights, master.bfloat16())
 
 
+def test_the_zero_step_in_one_pass_reaches_the_end_of_a_partition_past_2_31_elements():
+    """A ZeRO partition of one GPU holds every parameter of a group (4.0 billion for Qwen3-4B): the compiled
+    kernel's offsets must not wrap at 2**31. The last elements, past it, against `update` as written (on their own)."""
+    from sft.ranks import adamw
+
+    n, tail = 2**31 + 4_099, 8_192
+    master = torch.full((n,), 0.5, device="cuda")
+    master[-tail:] = torch.randn(tail, device="cuda")
+    gradient = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+    gradient[-tail:] = torch.randn(tail, device="cuda").bfloat16()
+    weights = torch.zeros(n, dtype=torch.bfloat16, device="cuda")
+    optimizer = torch.optim.AdamW([master], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    expected = [master[-tail:].clone(), gradient[-tail:].clone(), torch.zeros(tail, device="cuda"),
+                torch.zeros(tail, device="cuda"), torch.zeros(tail, dtype=torch.bfloat16, device="cuda")]
+    scale, count = torch.tensor(0.5, device="cuda"), torch.ones((), device="cuda")
+    adamw.step(optimizer, 0, master, gradient, weights, scale)
+    adamw.update(*expected, scale, 1e-3, count, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    torch.testing.assert_close(master[-tail:], expected[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(optimizer.state[master]["exp_avg_sq"][-tail:], expected[3], rtol=1e-6, atol=1e-12)
+    assert torch.equal(weights[-tail:], expected[4])
+    # the rest, before the tail: every element updated alike, its 16-bit copy written
+    assert float(master[0]) != 0.5 and bool((master[:-tail] == master[0]).all())
+    assert bool((weights[:-tail] == master[0].bfloat16()).all())
+
+
 @pytest.mark.parametrize("kept", [0, 1, 4], ids=lambda n: f"{n}-of-4-tiles-kept")
 def test_the_lm_heads_kept_tiles_give_trls_numbers_on_the_gpu(kept):
     """sft/ranks/lm_head.py against TRL's fused head through its Triton folds: 8,188 tokens (two token tiles) of a
