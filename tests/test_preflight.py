@@ -308,6 +308,47 @@ def test_an_early_import_check_is_kept_where_a_gpu_could_use_it_and_stopped_wher
     assert time.monotonic() - began < 30
 
 
+def test_refused_settings_stop_the_early_import_check(tmp_path):
+    """The entrypoint starts FlashAttention-4's import check before it reads the settings' inputs; when it refuses
+    them (exit 2), the check's child is gone too. flash-attn-4 stands in as a package that imports for a minute."""
+    import os
+    import signal
+
+    from conftest import demo_env, run_entrypoint
+
+    for package in ("flash_attn", "flash_attn/cute", "cutlass"):
+        (tmp_path / "site" / package).mkdir(parents=True)
+        (tmp_path / "site" / package / "__init__.py").write_text("")
+    (tmp_path / "site" / "flash_attn" / "cute" / "__init__.py").write_text(
+        f"import time\nopen({str(tmp_path / 'began')!r}, 'w').close()\ntime.sleep(60)\n")
+
+    def children() -> list[int]:  # processes importing the stand-in, by their command lines
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                line = open(f"/proc/{pid}/cmdline", "rb").read()
+                ours = b"import flash_attn.cute" in line and str(tmp_path).encode() in open(
+                    f"/proc/{pid}/environ", "rb").read()
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if ours:
+                found.append(int(pid))
+        return found
+
+    # a dataset that is not there; the demo model's shape is still read (a second or more: torch and
+    # Transformers' imports), time in which the started child imports the stand-in
+    env = demo_env(tmp_path, dataset=str(tmp_path / "missing.jsonl"), attention="auto")
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    result = run_entrypoint(env, "probe", timeout=120)
+    try:
+        assert result.returncode == 2 and "SFT_DATASET" in result.stderr, result.stderr
+        assert (tmp_path / "began").exists()  # it was started: the stand-in ran
+        assert children() == []
+    finally:
+        for pid in children():
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_the_job_counts_from_its_process_start():
     """process_started_at: the process's start from /proc, so what ran before the job's code counts."""
     import subprocess
