@@ -65,9 +65,9 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
 def early_import_check(attention: str) -> ImportCheck | None:
     """FlashAttention-4's import check, started before the settings' inputs are read, where it is installed and
     SFT_ATTENTION allows it (whether a GPU here can run it is known later: `measure` cancels it if none can).
-    Why so early: reading the model's shape imports torch and Transformers' modelling code (5-8 s on an H200's
-    host, docs/speed.md), time the check's own imports now run beside; started after them, the decision waited
-    2.7 s for it."""
+    Why so early: reading the model's shape imports torch and Transformers' modelling code (7.8 s in a profile
+    on an H200's host, docs/speed.md), time the check's own imports now run beside; started after them, the
+    decision waited for it (2.7 s there; 6 and 9 s on a slower host)."""
     if attention in ("auto", "flash_attention_4") and flash_attention_4_installed():
         return ImportCheck.start("flash_attn.cute")
     return None
