@@ -106,5 +106,6 @@ def main(shape: str) -> None:
                "clipping into the fp32 and the bf16 weights, in place of the cast, the multiply, AdamW and the copy; "
                f"its first call {first:.2f} s (Inductor's compilation of this size, unless its cache had it)")
 
+
 if __name__ == "__main__":
     main()

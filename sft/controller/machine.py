@@ -59,7 +59,7 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
                       liger_installed=liger_available(), flash_attention_4_installed=on, nodes=nodes)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
                  shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir),
-                 import_check=(early or ImportCheck.start("flash_attn.cute")) if could_run else None)
+                 import_check=(early or early_import_check(attention)) if could_run else None)
 
 
 def early_import_check(attention: str) -> ImportCheck | None:
