@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import textwrap
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from sft.settings import ECOSYSTEM_VARS, Settings, SettingsError, describe, from
 
 if TYPE_CHECKING:
     from sft.controller.machine import ImportCheck
+    from sft.controller.standby import Standby
 
 
 def _variables_help() -> str:
@@ -61,20 +63,27 @@ def load_settings(finders=()) -> Settings:
     return s
 
 
-def job_settings() -> tuple[Settings, ImportCheck | None]:
-    """load_settings for a job (`run`, `probe`), with FlashAttention-4's import check started before the inputs
-    are read (controller/machine.py::early_import_check says why); stopped if the settings are refused."""
-    from sft.controller import machine
+def job_settings() -> tuple[Settings, ImportCheck | None, Standby | None]:
+    """load_settings for a job (`run`, `probe`), with what runs best from the process's start begun before the
+    settings' inputs are read, and stopped if they are refused: FlashAttention-4's import check
+    (controller/machine.py::early_import_check says why) and, where the settings themselves are valid, the ranks
+    (controller/standby.py)."""
+    from sft import nodes
+    from sft.controller import machine, standby
 
     try:
-        check = machine.early_import_check(from_env().attention)
+        s, valid = from_env(), True
     except SettingsError as e:
-        check = machine.early_import_check(e.settings.attention)
+        s, valid = e.settings, False
+    check = machine.early_import_check(s.attention)
+    ranks = standby.start(s, nodes.from_env(os.environ)) if valid else None  # their inputs are checked meanwhile
     try:
-        return load_settings(checks.JOB), check
+        return load_settings(checks.JOB), check, ranks
     except SystemExit:
         if check is not None:
             check.cancel()
+        if ranks is not None:
+            ranks.end()
         raise
 
 

@@ -3,6 +3,8 @@
     RunSpec           controller -> every rank: what to train and where (run/spec-MODE.json)
     RankReport        each rank -> controller: how it ended, its steps and memory (run/reports/)
     Verdict           controller -> every rank of a training launch that probes: go on, or end (run/verdict.json)
+    Start             controller -> the processes started before its decision: the spec they run, or end
+                      (in a StandbyFolder: controller/standby.py)
     CheckpointRecord  rank 0 -> a later start: how a checkpoint was made (checkpoint-N/sft_job.json)
     Summary           controller -> the user, the Hub and a later start (run/summary.json)
 
@@ -221,6 +223,41 @@ class Verdict(Record):
 
     go_on: bool
     why: str = ""
+
+
+@dataclass(frozen=True)
+class Start(Record):
+    """The controller's word to a process it started before deciding (sft/ranks/standby.py): the RunSpec it runs,
+    or none: it ends, having done nothing."""
+
+    spec: str = ""  # the RunSpec's path; "" to end
+
+
+@dataclass(frozen=True)
+class StandbyFolder:
+    """The standby's private folder (controller/standby.py), as the controller and its processes share it."""
+
+    path: Path
+
+    @property
+    def ranks(self) -> Path:  # the ranks' Start
+        return self.path / "ranks.json"
+
+    @property
+    def ahead(self) -> Path:  # FlashAttention-4's process's Start
+        return self.path / "ahead.json"
+
+    @property
+    def lock(self) -> Path:  # that process's lock (RunSpec.attention_lock)
+        return self.path / "attention-kernels.lock"
+
+    @property
+    def cache(self) -> Path:  # a link, through which the processes find the compiled kernels (their environment)
+        return self.path / "compile-cache"
+
+    @property
+    def cache_before_start(self) -> Path:  # where the link points until the Start: not yet the output folder
+        return self.path / "compile-cache-before-start"
 
 
 @dataclass

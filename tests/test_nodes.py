@@ -22,7 +22,7 @@ from hub_fixtures import WRITE_TOKEN, client_env, hub_process  # noqa: F401  (hu
 from hubserver import HubError, RepoStore
 from sft import checkpoints, exitcodes
 from sft.controller import coordinate
-from sft.controller.launch import command
+from sft.controller.launch import RANK_PROGRAM, command
 from sft.planner.inputs import Ranks
 from sft.nodes import Nodes, NodesError, first_host, from_env
 from sft.handoff import CheckpointRecord
@@ -112,7 +112,7 @@ def test_bad_node_variables_exit_2_with_the_settings(tmp_path, extra, messages):
 
 def test_torchrun_command_names_the_nodes():
     s = Settings(node_timeout_seconds=45)
-    cmd = command(s, Ranks(8, tuple(range(8)), 2), Path("spec.json"), Nodes(2, 1, "10.0.0.1", 29500), 29500)
+    cmd = command(s, Ranks(8, tuple(range(8)), 2), Nodes(2, 1, "10.0.0.1", 29500), 29500, RANK_PROGRAM, "spec.json")
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     for arg in ("--nnodes=2", "--node-rank=1", "--nproc-per-node=8", "--master-addr=10.0.0.1",
                 "--master-port=29500", "--rdzv-conf=timeout=45"):

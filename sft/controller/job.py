@@ -28,11 +28,22 @@ from . import (budget, coordinate, data, figures, inputs, machine, outlock, pref
 from .launch import Stopper
 from .output import Paths, eval_results, losses, plot_loss
 from .runs import Held, Runner
+from .standby import Standby
 
 
-def run(s: Settings, import_check: machine.ImportCheck | None = None, probe_only: bool = False) -> int:
+def run(s: Settings, import_check: machine.ImportCheck | None = None, standby: Standby | None = None,
+        probe_only: bool = False) -> int:
     """The whole job; returns its exit code. Node 0 leads; the other nodes start their ranks as node 0 says.
-    `import_check`: FlashAttention-4's, if the entrypoint started it before reading the settings' inputs."""
+    What the entrypoint started before reading the settings' inputs: `import_check`, FlashAttention-4's; `standby`,
+    the ranks, for the first launch (ended with the job if none took them over)."""
+    try:
+        return _run(s, import_check, standby, probe_only)
+    finally:
+        if standby is not None:
+            standby.end()
+
+
+def _run(s: Settings, import_check: machine.ImportCheck | None, standby: Standby | None, probe_only: bool) -> int:
     started_at = machine.process_started_at()  # the job's figures count from it: what a user waits
     where = nodes.from_env(os.environ)
     facts = machine.measure(s.output_dir, where.nnodes, s.attention, early=import_check)
@@ -49,7 +60,7 @@ def run(s: Settings, import_check: machine.ImportCheck | None = None, probe_only
         return team.follow(Stopper())
     code = exitcodes.FAILED  # an exception here must still release the other nodes
     try:
-        code = Job(s, team, facts, started_at).run(probe_only)
+        code = Job(s, team, facts, started_at, standby).run(probe_only)
     finally:
         team.finish(code)
     return code
@@ -58,10 +69,12 @@ def run(s: Settings, import_check: machine.ImportCheck | None = None, probe_only
 class Job:
     """One start of the job on node 0: its steps in order, and the summary they fill."""
 
-    def __init__(self, s: Settings, team: coordinate.Team, facts: machine.Facts, started_at: float):
+    def __init__(self, s: Settings, team: coordinate.Team, facts: machine.Facts, started_at: float,
+                 standby: Standby | None = None):
         self.s, self.team, self.facts = s, team, facts
         self.paths, self.stopper = Paths(s.output_path), Stopper()
         self.runner = Runner(s, team, self.paths, self.stopper, started_at)
+        self.runner.standby = standby
         self.summary = Summary(settings=s.to_dict(), nodes=team.nodes.nnodes, started_at=started_at)
         self._phase_began = started_at
         self.target = self.uploader = None  # the Hub repo once checked, and its uploader while training

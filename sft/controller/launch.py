@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..console import say
 from ..handoff import RunSpec
@@ -22,6 +23,9 @@ from ..lifeline import die_with_parent
 from ..nodes import Nodes
 from ..planner.inputs import Ranks
 from ..settings import Settings
+
+if TYPE_CHECKING:
+    from .standby import Standby
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RANK_PROGRAM = "sft.ranks.train"  # what the launcher starts on every rank
@@ -36,30 +40,42 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def command(s: Settings, ranks: Ranks, spec_path: Path, nodes: Nodes, port: int) -> list[str]:
-    """The launcher command line, as the seed writes it by hand; torchrun's static rendezvous across nodes."""
+def command(s: Settings, ranks: Ranks, nodes: Nodes, port: int, module: str = RANK_PROGRAM, *args: str) -> list[str]:
+    """The launcher command line, as the seed writes it by hand, starting `module` with `args` on every rank;
+    torchrun's static rendezvous across nodes."""
     if s.launcher == "deepspeed":
         # On CPU DeepSpeed's accelerator counts one device, so --include would refuse a second slot.
         where = ["--include", "localhost:" + ",".join(map(str, ranks.gpus))] if ranks.on_gpu else [
             "--num_gpus", str(ranks.count)]
         # The runner as a module of this interpreter: the venv's bin/ need not be on PATH.
         return [sys.executable, "-m", "deepspeed.launcher.runner", *where, "--master_port", str(port),
-                "--module", RANK_PROGRAM, str(spec_path)]
+                "--module", module, *args]
     # --rdzv-conf timeout: how long node 0's agent waits for the other nodes' agents at each launch
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes.nnodes}",
             f"--node-rank={nodes.node_rank}", f"--nproc-per-node={ranks.count}", f"--master-addr={nodes.master_addr}",
-            f"--master-port={port}", f"--rdzv-conf=timeout={s.node_timeout_seconds}", "-m", RANK_PROGRAM,
-            str(spec_path)]
+            f"--master-port={port}", f"--rdzv-conf=timeout={s.node_timeout_seconds}", "-m", module, *args]
 
 
-def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
+def spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The launcher, in its own session (signals reach the controller first) and dying with the controller
+    (through the shim at the end of this file): a killed controller leaves no orphaned ranks."""
+    guarded = [sys.executable, "-m", __name__, str(os.getpid()), *cmd]
+    return subprocess.Popen(guarded, cwd=REPO_ROOT, env=env, start_new_session=True)
+
+
+def compile_cache(s: Settings) -> Path:
+    """The compiled kernels (inductor's graphs, Triton's binaries, FlashAttention-4's) in the output folder, which
+    outlives the container: a resumed or re-probed job loads them instead of compiling again."""
+    return s.output_path.absolute() / "run" / "compile-cache"
+
+
+def environment(s: Settings, ranks: Ranks, cache: Path | None = None) -> dict[str, str]:
+    """The ranks' environment; `cache`: where they find compile_cache (the standby's link to it)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     # torchrun sets 1 when unset, which starves DeepSpeed's CPU Adam under offload: share the cores out.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks.count)))
-    # The compiled kernels (inductor's graphs, Triton's binaries) in the output folder, which outlives the
-    # container: a resumed or re-probed job loads them instead of compiling again.
-    cache = s.output_path.absolute() / "run" / "compile-cache"
+    cache = cache or compile_cache(s)
     if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):  # unless the user pointed it elsewhere
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
@@ -75,25 +91,31 @@ def environment(s: Settings, ranks: Ranks) -> dict[str, str]:
 
 def compile_ahead(spec: RunSpec | None, spec_path: Path, env: dict[str, str], ranks: Ranks) -> subprocess.Popen | None:
     """Where the ranks run FlashAttention-4 on GPUs (RunSpec.attention_lock): its kernels compiled meanwhile on
-    the first rank's GPU (sft/ranks/attention_ahead.py), by a process that holds the lock until it ends. The lock
-    is taken here, before the ranks start, so that no rank can find it free too early; the process inherits it."""
+    the first rank's GPU (sft/ranks/attention_ahead.py), by a process that holds the lock until it ends."""
     if spec is None or not spec.attention_lock or not ranks.on_gpu:
         return None
-    lock = Path(spec.attention_lock)
+    process = start_ahead([AHEAD_PROGRAM, str(spec_path)], Path(spec.attention_lock), env, ranks)
+    if process is not None:
+        say(f"FlashAttention-4's kernels: compiled meanwhile on GPU {ranks.gpus[0]} ({AHEAD_PROGRAM}); the ranks "
+            "wait for them at their first attention call")
+    return process
+
+
+def start_ahead(program: list[str], lock: Path, env: dict[str, str], ranks: Ranks) -> subprocess.Popen | None:
+    """`python -m PROGRAM...` on the first rank's GPU, holding `lock` until it ends. The lock is taken here, before
+    the ranks start, so that no rank can find it free too early; the process inherits it. None where another
+    process holds it (another node's, on a shared folder: the ranks wait for that one) or it cannot be taken."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another node's, on a shared folder: the ranks wait for that one
+        except BlockingIOError:
             return None
         first = {**env, "CUDA_VISIBLE_DEVICES": _visible_devices(ranks.gpus[:1])}
         # its own session, as the launcher's: a Ctrl-C reaches the controller, which ends it with the launch
-        process = subprocess.Popen([sys.executable, "-m", AHEAD_PROGRAM, str(spec_path)], cwd=REPO_ROOT, env=first,
-                                   stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True)
-        say(f"FlashAttention-4's kernels: compiled meanwhile on GPU {ranks.gpus[0]} ({AHEAD_PROGRAM}); the ranks "
-            "wait for them at their first attention call")
-        return process
+        return subprocess.Popen([sys.executable, "-m", *program], cwd=REPO_ROOT, env=first,
+                                stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True)
     except OSError as e:  # the ranks compile the kernels at their first step, as without this
         say(f"FlashAttention-4's kernels are not compiled ahead: {e}")
         return None
@@ -121,9 +143,12 @@ def _visible_devices(gpus: tuple[int, ...]) -> str:
 class Launch:
     """One run of the ranks; `stop()` asks them to save and stop, then enforces the grace period."""
 
-    def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path, nodes: Nodes = Nodes()):
+    def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path, nodes: Nodes = Nodes(),
+                 standby: Standby | None = None):
         self.settings, self.ranks, self.stop_file, self.spec_path = s, ranks, stop_file, spec_path
-        self.cmd = command(s, ranks, spec_path, nodes, nodes.master_port or free_port())
+        self.standby = standby  # ranks started before the decision, which this launch takes over
+        self.cmd = standby.cmd if standby else command(s, ranks, nodes, nodes.master_port or free_port(),
+                                                       RANK_PROGRAM, str(spec_path))
         self.deadline: float | None = None
         self.proc: subprocess.Popen | None = None
         self.ahead: subprocess.Popen | None = None
@@ -134,13 +159,13 @@ class Launch:
         return self.wait()
 
     def start(self) -> None:
+        env, spec = environment(self.settings, self.ranks), RunSpec.load(self.spec_path)
+        if self.standby is not None:
+            self.proc, self.ahead = self.standby.hand_over(self.spec_path, spec, env)
+            return
         say("$ " + " ".join(self.cmd))
-        # The launcher runs in its own session (signals reach this process first) and dies with it
-        # (through the shim at the end of this file): a killed controller leaves no orphaned ranks.
-        guarded = [sys.executable, "-m", __name__, str(os.getpid()), *self.cmd]
-        env = environment(self.settings, self.ranks)
-        self.ahead = compile_ahead(RunSpec.load(self.spec_path), self.spec_path, env, self.ranks)
-        self.proc = subprocess.Popen(guarded, cwd=REPO_ROOT, env=env, start_new_session=True)
+        self.ahead = compile_ahead(spec, self.spec_path, env, self.ranks)
+        self.proc = spawn(self.cmd, env)
 
     def wait(self, seconds: float | None = None) -> int | None:
         """The launcher's exit code once it ends; None if it still runs after `seconds` (None: wait to the end).

@@ -50,16 +50,23 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
     the data are checked)."""
     import torch
 
-    found, on = gpus(), flash_attention_4_installed()
-    could_run = (on and attention in ("auto", "flash_attention_4")
-                 and any(g.capability >= FLASH_ATTENTION_4_CAPABILITY for g in found))
+    found = gpus()
+    could_run = flash_attention_4_may_run(found, attention)
     if early is not None and not could_run:
         early.cancel()  # no GPU here runs FlashAttention-4: its import says nothing the decision reads
     machine = Machine(gpus=found, host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
-                      liger_installed=liger_available(), flash_attention_4_installed=on, nodes=nodes)
+                      liger_installed=liger_available(), flash_attention_4_installed=flash_attention_4_installed(),
+                      nodes=nodes)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
                  shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir),
                  import_check=(early or early_import_check(attention)) if could_run else None)
+
+
+def flash_attention_4_may_run(found: Sequence[GPU], attention: str) -> bool:
+    """Whether the decision may choose FlashAttention-4 here (if its import check passes): installed, allowed by
+    SFT_ATTENTION, and a GPU that runs it."""
+    return (attention in ("auto", "flash_attention_4") and flash_attention_4_installed()
+            and any(g.capability >= FLASH_ATTENTION_4_CAPABILITY for g in found))
 
 
 def early_import_check(attention: str) -> ImportCheck | None:

@@ -15,6 +15,7 @@ from . import budget
 from .coordinate import Team
 from .launch import Launch, Stopper
 from .output import Paths
+from .standby import Standby
 
 
 class Runner:
@@ -26,6 +27,7 @@ class Runner:
         self.events = EventLog(paths.run / EVENTS_FILE)  # the probe's tries go there
         self.total_params = 0  # the model's, for the projection's saves (set by the job once it has read the model)
         self.uploads = False  # the final model is uploaded (a Hub repo): the projection counts the upload
+        self.standby: Standby | None = None  # the ranks started before the decision: the first launch's, if they fit
 
     def overheads(self, d: Decision) -> Overheads:
         """What a run of this decision spends besides its steps (its saves, the final model), for the probe's
@@ -53,9 +55,15 @@ class Runner:
 
     def _start(self, spec: RunSpec) -> Launch:
         self.paths.clear_reports(spec.mode)
+        standby, self.standby = self.standby, None  # it serves one launch, the first
+        if standby is not None and not standby.fits(self.team.ranks):
+            standby.end()  # started for other ranks (or its launcher died): this launch starts its own
+            standby = None
+        if standby is not None:
+            spec = standby.spec(spec)
         path = spec.save(self.paths.run / f"spec-{spec.mode}.json")
         self.team.announce(path, self.paths.stop_file)  # the other nodes start their ranks on the same spec
-        launch = Launch(self.s, self.team.ranks, path, self.paths.stop_file, self.team.nodes)
+        launch = Launch(self.s, self.team.ranks, path, self.paths.stop_file, self.team.nodes, standby)
         self.stopper.started(launch)
         return launch
 

@@ -1,0 +1,113 @@
+"""The ranks, started before the decision: they import their libraries while the controller checks the settings'
+inputs, reads the data and decides, then run the first launch's spec.
+
+The entrypoint starts the standby once the settings themselves are valid (`start`): the launcher with its ranks
+and, where FlashAttention-4 may run, the process that compiles its kernels ahead, each in sft/ranks/standby.py,
+waiting for a Start in this standby's private folder. The job's first launch takes them over (`hand_over`, from
+launch.Launch): the spec is written where they wait, and they run it as a launch started then would. A job that
+ends before, or whose ranks are not these, ends them (`end`): they printed and wrote nothing.
+
+Why: a rank's imports took 12 s on an H200's host, after 20-45 s of checking, reading and deciding
+(docs/speed.md, 2026-12-04); started with the job, they are off the path to the first step. Written by hand:
+neither torchrun nor the deepspeed launcher starts ranks before their program's arguments are known.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ..console import say
+from ..handoff import RunSpec, StandbyFolder, Start, write_json
+from ..nodes import Nodes
+from ..planner.inputs import CannotRun, Machine, Ranks
+from ..planner.rules import choose_ranks
+from ..settings import Settings
+from . import launch, machine
+
+PROGRAM = "sft.ranks.standby"
+
+
+class Standby:
+    """The launcher and its ranks (and FlashAttention-4's process), started and waiting for a spec."""
+
+    def __init__(self, s: Settings, ranks: Ranks, nodes: Nodes = Nodes()):
+        self.ranks, self.began, self.taken = ranks, time.monotonic(), False
+        self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix="sft-standby-")))
+        # The libraries make their caches' folders at import (torch._dynamo's, FlashAttention-4's) and keep their
+        # paths: they find the output folder's compile cache through a link, which points into this folder until
+        # the hand-over (nothing is written in the output folder before the job holds its lock).
+        self.folder.cache_before_start.mkdir()
+        self.folder.cache.symlink_to(self.folder.cache_before_start)
+        self.compile_cache = launch.compile_cache(s)
+        env = launch.environment(s, ranks, self.folder.cache)
+        self.ahead = None
+        if ranks.on_gpu and machine.flash_attention_4_may_run(machine.gpus(), s.attention):
+            self.ahead = launch.start_ahead([PROGRAM, launch.AHEAD_PROGRAM, str(self.folder.ahead)],
+                                            self.folder.lock, env, ranks)
+        self.cmd = launch.command(s, ranks, nodes, nodes.master_port or launch.free_port(), PROGRAM,
+                                  launch.RANK_PROGRAM, str(self.folder.ranks))
+        self.proc = launch.spawn(self.cmd, env)
+
+    def fits(self, ranks: Ranks) -> bool:
+        """Whether these ranks can run a launch of `ranks`: the same ones, still waiting."""
+        return not self.taken and ranks == self.ranks and self.proc.poll() is None
+
+    def spec(self, spec: RunSpec) -> RunSpec:
+        """The spec as these ranks run it: FlashAttention-4's lock is the one this standby's process holds."""
+        return replace(spec, attention_lock=str(self.folder.lock)) if spec.attention_lock and self.ahead else spec
+
+    def hand_over(self, spec_path: Path, spec: RunSpec | None, env: dict[str, str]
+                  ) -> tuple[subprocess.Popen, subprocess.Popen | None]:
+        """The ranks run `spec_path` from now: (the launcher's process, FlashAttention-4's process if one runs)."""
+        self.taken = True
+        self.compile_cache.mkdir(parents=True, exist_ok=True)
+        link = self.folder.path / ".compile-cache.new"
+        link.symlink_to(self.compile_cache)
+        link.replace(self.folder.cache)  # at once, for every process: the output folder's cache from now
+        ahead = self.ahead if spec is not None and spec.attention_lock == str(self.folder.lock) else None
+        if self.ahead is not None:
+            write_json(self.folder.ahead, Start(spec=str(spec_path) if ahead else "").to_dict())
+        if ahead is None:  # none waiting for this spec: started now, as a launch without a standby starts it
+            ahead = launch.compile_ahead(spec, spec_path, env, self.ranks)
+        write_json(self.folder.ranks, Start(spec=str(spec_path)).to_dict())
+        say("$ " + " ".join(self.cmd))
+        say(f"standby: the ranks above started {time.monotonic() - self.began:.1f} s ago, before the decision, "
+            f"and run {spec_path} from now")
+        return self.proc, ahead
+
+    def end(self) -> None:
+        """The standby's processes end, unless a launch took them over; its folder goes with the job."""
+        if not self.taken:
+            for process in (self.proc, self.ahead):
+                if process is not None and process.poll() is None:
+                    _kill_group(process)  # mid-import or waiting: nothing to save, nothing written
+            self.taken = True
+        shutil.rmtree(self.folder.path, ignore_errors=True)
+
+
+def start(s: Settings, nodes: Nodes) -> Standby | None:
+    """A standby for a job of these settings on one node, where its ranks are known now; None where not (several
+    nodes: each node's ranks start when node 0 says; a problem `choose_ranks` raises, which the job reports)."""
+    if nodes.nnodes > 1:
+        return None
+    try:
+        ranks, _ = choose_ranks(s, Machine(gpus=machine.gpus()))
+        return Standby(s, ranks, nodes)
+    except (CannotRun, OSError):
+        return None
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+

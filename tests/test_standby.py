@@ -1,0 +1,158 @@
+"""The ranks started before the decision (controller/standby.py, sft/ranks/standby.py): the job's first launch
+takes them over, a start refused before ends them leaving nothing behind, a process told to end says nothing, and
+what the imports printed is said once the spec comes, in its place in the log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary
+from test_attention_ahead import held, spec_of
+
+from sft.controller import launch, standby
+from sft.handoff import StandbyFolder, Start, write_json
+from sft.nodes import Nodes
+from sft.planner.inputs import Ranks
+from sft.ranks import attention_ahead
+from sft.settings import Settings
+
+
+def processes_naming(text: str) -> list[str]:
+    """The command lines of the processes running now that contain `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+def run_watching(env: dict[str, str], tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """The entrypoint to its end, with TMPDIR=tmp; the standby folders seen in tmp while it ran."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = {**env, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "entrypoint.py"), *args], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[str] = set()
+    while proc.poll() is None:
+        seen |= {p.name for p in tmp.glob("sft-standby-*")}
+        time.sleep(0.05)
+    out = proc.stdout.read()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), seen
+
+
+def test_the_first_launch_takes_the_standby_over(tmp_path):
+    result, seen = run_watching(demo_env(tmp_path, probe_steps=3, max_length=64), tmp_path / "tmp", "probe")
+    assert result.returncode == 0, result.stdout[-3000:]
+    launches = [line for line in result.stdout.splitlines() if "$ " in line]
+    assert len(launches) == 1 and f"-m {standby.PROGRAM} {launch.RANK_PROGRAM} {tmp_path / 'tmp'}" in launches[0]
+    assert "standby: the ranks above started" in result.stdout
+    assert "standby: rank 0 imported its libraries" in result.stdout
+    assert read_summary(tmp_path / "out")["probe"]["steps"] == 3
+    assert len(seen) == 1 and not list((tmp_path / "tmp").glob("sft-standby-*"))  # its folder went with the job
+    # what the ranks' imports print (DeepSpeed's accelerator, on CPU) comes after the launch's line, not before
+    warnings = [i for i, line in enumerate(result.stdout.splitlines()) if "Setting accelerator to CPU" in line]
+    where = result.stdout.splitlines().index(launches[0])
+    assert sum(i > where for i in warnings) >= 2, result.stdout[:4000]
+
+
+@pytest.mark.parametrize("case", ["data", "inputs"])
+def test_a_start_refused_ends_the_standby_and_leaves_nothing(tmp_path, case):
+    """The settings are valid, so the standby starts; what they name is refused (a model whose config.json does not
+    parse, checked before the job begins; a bad row, found by the job's data read): its processes end, unseen, and
+    its folder goes."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "bot", "content": "hi"}]}\n')
+    (model := tmp_path / "model").mkdir()
+    (model / "config.json").write_text("{not json")
+    env = demo_env(tmp_path, **({"dataset": bad} if case == "data" else {"model": model}))
+    result, seen = run_watching(env, tmp_path / "tmp")
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert len(seen) == 1, "the standby never started: this test would not see it end"
+    assert not list((tmp_path / "tmp").glob("sft-standby-*")) and not processes_naming(str(tmp_path / "tmp"))
+    assert "$ " not in result.stdout and "standby" not in result.stdout and not (tmp_path / "out").exists()
+    assert result.stdout.count("Setting accelerator to CPU") <= 1  # the controller's own; the ranks' imports: unsaid
+
+
+def test_a_process_told_to_end_or_left_ends_having_said_nothing(tmp_path):
+    """Told to end (an empty Start), or its folder gone (the controller ended without a word): it exits 0 after its
+    imports, and what they printed (DeepSpeed's accelerator warning, on CPU) is not said."""
+    told, left = tmp_path / "told", tmp_path / "left"
+    procs = []
+    for folder in (told, left):
+        folder.mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-m", standby.PROGRAM, launch.RANK_PROGRAM,
+                                       str(folder / "ranks.json")], cwd=REPO, env=clean_environ(tmp_path),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    write_json(told / "ranks.json", Start().to_dict())
+    left.rmdir()
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert (proc.returncode, out, err) == (0, "", "")
+    imports = subprocess.run([sys.executable, "-c", "import deepspeed"], cwd=REPO, env=clean_environ(tmp_path),
+                             capture_output=True, text=True)
+    assert "Setting accelerator to CPU" in imports.stdout + imports.stderr  # what was held back, unsaid
+
+
+def test_what_the_imports_printed_is_said_after_the_spec_in_order(tmp_path):
+    code = ("import os\nfrom sft.ranks.standby import held_output, say\nprint('first', flush=True)\n"
+            "with held_output() as h:\n    print('held out')\n    os.write(2, b'held err\\n')\n"
+            "print('between', flush=True)\nsay(h)\nprint('last')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert (result.stdout, result.stderr) == ("first\nbetween\nheld out\nlast\n", "held err\n")
+
+
+def test_flash_attention_4s_process_waits_in_standby_holding_its_lock(tmp_path, capfd):
+    """Its lock held from before it starts; told the spec, it runs attention_ahead as a launch's would (here it
+    fails to find CUDA and says so); told to end, it ends silently. The lock is free after either."""
+    spec = spec_of(tmp_path)
+    path = spec.save(tmp_path / "spec.json")
+    env = clean_environ(tmp_path)
+    for word, said in ((Start(spec=str(path)), "FlashAttention-4's kernels were not compiled ahead"), (Start(), "")):
+        folder = StandbyFolder(tmp_path / f"standby-{bool(word.spec)}")
+        process = launch.start_ahead([standby.PROGRAM, launch.AHEAD_PROGRAM, str(folder.ahead)], folder.lock, env,
+                                     Ranks(count=1, gpus=(0,)))
+        assert process is not None and held(folder.lock)
+        assert attention_ahead.wait(str(folder.lock), timeout_s=0.3) >= 0.3  # a rank waits for it
+        write_json(folder.ahead, word.to_dict())
+        assert process.wait(timeout=120) == (1 if word.spec else 0) and not held(folder.lock)
+        out = capfd.readouterr().out
+        assert said in out if said else "FlashAttention-4" not in out
+
+
+def test_a_standby_for_other_ranks_is_not_taken(tmp_path):
+    ranks = Ranks(count=1, gpus=())
+    waiting = standby.Standby(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out")), ranks)
+    try:
+        assert waiting.fits(ranks) and not waiting.fits(Ranks(count=2, gpus=()))
+    finally:
+        waiting.end()
+    assert not waiting.folder.path.exists() and waiting.proc.returncode is not None
+    assert not processes_naming(str(waiting.folder.path))  # the ranks went with their launcher
+    assert not waiting.fits(ranks)  # ended
+
+
+def test_no_standby_across_nodes(tmp_path):
+    """Each node's ranks start when node 0 says (controller/coordinate.py)."""
+    assert standby.start(Settings(output_dir=str(tmp_path / "out")), Nodes(2, 0, "10.0.0.1", 29500)) is None
+
+
+def test_the_folders_the_imports_made_before_the_start_are_made_in_the_output_folders_cache(tmp_path):
+    """torch._dynamo and FlashAttention-4 make their caches' folders at import and keep the paths: made before the
+    Start in the standby's own folder, they are made again where the link points once the output folder's cache."""
+    from sft.ranks.standby import made_again
+
+    folder = StandbyFolder(tmp_path / "standby")
+    (folder.cache_before_start / "flash-attention" / "abc123" / "fwd").mkdir(parents=True)
+    (folder.cache_before_start / "inductor" / "dynamo").mkdir(parents=True)
+    (real := tmp_path / "out" / "run" / "compile-cache").mkdir(parents=True)
+    folder.cache.symlink_to(real)
+    made_again(folder)
+    assert (real / "flash-attention" / "abc123" / "fwd").is_dir() and (real / "inductor" / "dynamo").is_dir()
