@@ -3,7 +3,7 @@
     RunSpec           controller -> every rank: what to train and where (run/spec-MODE.json)
     RankReport        each rank -> controller: how it ended, its steps and memory (run/reports/)
     Verdict           controller -> every rank of a training launch that probes: go on, or end (run/verdict.json)
-    Start             controller -> the processes started before its decision: the spec they run, or end
+    Start             controller -> the processes started before its decision: the spec they run
                       (in a StandbyFolder: controller/standby.py)
     CheckpointRecord  rank 0 -> a later start: how a checkpoint was made (checkpoint-N/sft_job.json)
     Summary           controller -> the user, the Hub and a later start (run/summary.json)
@@ -227,10 +227,9 @@ class Verdict(Record):
 
 @dataclass(frozen=True)
 class Start(Record):
-    """The controller's word to a process it started before deciding (sft/ranks/standby.py): the RunSpec it runs,
-    or none: it ends, having done nothing."""
+    """The controller's word to a process it started before deciding (sft/ranks/standby.py): the RunSpec it runs."""
 
-    spec: str = ""  # the RunSpec's path; "" to end
+    spec: str  # the RunSpec's path
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ what the imports printed is said once the spec comes, in its place in the log.""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary
 from test_attention_ahead import held, spec_of
 
 from sft.controller import launch, standby
-from sft.handoff import StandbyFolder, Start, write_json
+from sft.handoff import StandbyFolder
 from sft.nodes import Nodes
 from sft.planner.inputs import Ranks
 from sft.ranks import attention_ahead
@@ -81,21 +82,16 @@ def test_a_start_refused_ends_the_standby_and_leaves_nothing(tmp_path, case):
     assert result.stdout.count("Setting accelerator to CPU") <= 1  # the controller's own; the ranks' imports: unsaid
 
 
-def test_a_process_told_to_end_or_left_ends_having_said_nothing(tmp_path):
-    """Told to end (an empty Start), or its folder gone (the controller ended without a word): it exits 0 after its
+def test_a_process_whose_job_ended_ends_having_said_nothing(tmp_path):
+    """Its folder gone before any Start (the job ended; normally it kills its standby first): it exits 0 after its
     imports, and what they printed (DeepSpeed's accelerator warning, on CPU) is not said."""
-    told, left = tmp_path / "told", tmp_path / "left"
-    procs = []
-    for folder in (told, left):
-        folder.mkdir()
-        procs.append(subprocess.Popen([sys.executable, "-m", standby.PROGRAM, launch.RANK_PROGRAM,
-                                       str(folder / "ranks.json")], cwd=REPO, env=clean_environ(tmp_path),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    write_json(told / "ranks.json", Start().to_dict())
-    left.rmdir()
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert (proc.returncode, out, err) == (0, "", "")
+    folder = StandbyFolder(tmp_path / "standby")
+    folder.path.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", standby.PROGRAM, launch.RANK_PROGRAM, str(folder.ranks)], cwd=REPO,
+                            env=clean_environ(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder.path.rmdir()
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (0, "", "")
     imports = subprocess.run([sys.executable, "-c", "import deepspeed"], cwd=REPO, env=clean_environ(tmp_path),
                              capture_output=True, text=True)
     assert "Setting accelerator to CPU" in imports.stdout + imports.stderr  # what was held back, unsaid
@@ -109,27 +105,36 @@ def test_what_the_imports_printed_is_said_after_the_spec_in_order(tmp_path):
     assert (result.stdout, result.stderr) == ("first\nbetween\nheld out\nlast\n", "held err\n")
 
 
-def test_flash_attention_4s_process_waits_in_standby_holding_its_lock(tmp_path, capfd):
-    """Its lock held from before it starts; told the spec, it runs attention_ahead as a launch's would (here it
-    fails to find CUDA and says so); told to end, it ends silently. The lock is free after either."""
-    spec = spec_of(tmp_path)
-    path = spec.save(tmp_path / "spec.json")
-    env = clean_environ(tmp_path)
-    for word, said in ((Start(spec=str(path)), "FlashAttention-4's kernels were not compiled ahead"), (Start(), "")):
-        folder = StandbyFolder(tmp_path / f"standby-{bool(word.spec)}")
-        process = launch.start_ahead([standby.PROGRAM, launch.AHEAD_PROGRAM, str(folder.ahead)], folder.lock, env,
-                                     Ranks(count=1, gpus=(0,)))
-        assert process is not None and held(folder.lock)
-        assert attention_ahead.wait(str(folder.lock), timeout_s=0.3) >= 0.3  # a rank waits for it
-        write_json(folder.ahead, word.to_dict())
-        assert process.wait(timeout=120) == (1 if word.spec else 0) and not held(folder.lock)
+@pytest.mark.parametrize("wanted", [True, False])
+def test_flash_attention_4s_process_waits_holding_its_lock_and_runs_the_spec_or_is_killed(tmp_path, capfd, wanted):
+    """Its lock held from before it starts, and named by the spec the ranks run; handed a spec with FlashAttention-4,
+    it runs attention_ahead as a launch's process would (here it fails to find CUDA and says so); handed one
+    without, it is killed unseen. The lock is free after either. (CPU ranks stand in for the GPU's here.)"""
+    waiting = standby.Standby(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out")), Ranks(1, ()),
+                              kernels_ahead=True)
+    proc = None
+    try:
+        assert waiting.ahead is not None and held(waiting.folder.lock)
+        assert attention_ahead.wait(str(waiting.folder.lock), timeout_s=0.3) >= 0.3  # a rank waits for it
+        spec = waiting.spec(spec_of(tmp_path) if wanted else spec_of(tmp_path, attention_lock=""))
+        assert spec.attention_lock == (str(waiting.folder.lock) if wanted else "")
+        proc, ahead = waiting.hand_over(spec.save(tmp_path / "spec.json"), spec, clean_environ(tmp_path))
+        assert ahead is (waiting.ahead if wanted else None)
+        assert waiting.ahead.wait(timeout=120) == (1 if wanted else -9) and not held(waiting.folder.lock)
         out = capfd.readouterr().out
-        assert said in out if said else "FlashAttention-4" not in out
+        said = "FlashAttention-4's kernels were not compiled ahead"
+        assert said in out if wanted else said not in out
+    finally:
+        if proc is not None:
+            launch._signal_group(proc, signal.SIGKILL)  # the ranks were handed a GPU's spec: not run here
+            proc.wait()
+        waiting.end()
 
 
 def test_a_standby_for_other_ranks_is_not_taken(tmp_path):
     ranks = Ranks(count=1, gpus=())
     waiting = standby.Standby(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out")), ranks)
+    assert waiting.ahead is None  # not asked for
     try:
         assert waiting.fits(ranks) and not waiting.fits(Ranks(count=2, gpus=()))
     finally:
@@ -146,7 +151,7 @@ def test_no_standby_across_nodes(tmp_path):
 
 def test_the_folders_the_imports_made_before_the_start_are_made_in_the_output_folders_cache(tmp_path):
     """torch._dynamo and FlashAttention-4 make their caches' folders at import and keep the paths: made before the
-    Start in the standby's own folder, they are made again where the link points once the output folder's cache."""
+    Start in the standby's own folder, they are made again where the link points after it: the output folder's cache."""
     from sft.ranks.standby import made_again
 
     folder = StandbyFolder(tmp_path / "standby")

@@ -37,7 +37,8 @@ PROGRAM = "sft.ranks.standby"
 class Standby:
     """The launcher and its ranks (and FlashAttention-4's process), started and waiting for a spec."""
 
-    def __init__(self, s: Settings, ranks: Ranks, nodes: Nodes = Nodes()):
+    def __init__(self, s: Settings, ranks: Ranks, nodes: Nodes = Nodes(), kernels_ahead: bool = False):
+        """`kernels_ahead`: FlashAttention-4's process too (where the decision may choose it)."""
         self.ranks, self.began, self.taken = ranks, time.monotonic(), False
         self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix="sft-standby-")))
         # The libraries make their caches' folders at import (torch._dynamo's, FlashAttention-4's) and keep their
@@ -47,17 +48,21 @@ class Standby:
         self.folder.cache.symlink_to(self.folder.cache_before_start)
         self.compile_cache = launch.compile_cache(s)
         env = launch.environment(s, ranks, self.folder.cache)
-        self.ahead = None
-        if ranks.on_gpu and machine.flash_attention_4_may_run(machine.gpus(), s.attention):
-            self.ahead = launch.start_ahead([PROGRAM, launch.AHEAD_PROGRAM, str(self.folder.ahead)],
-                                            self.folder.lock, env, ranks)
+        self.ahead = self.proc = None
         self.cmd = launch.command(s, ranks, nodes, nodes.master_port or launch.free_port(), PROGRAM,
                                   launch.RANK_PROGRAM, str(self.folder.ranks))
-        self.proc = launch.spawn(self.cmd, env)
+        try:
+            if kernels_ahead:
+                self.ahead = launch.start_ahead([PROGRAM, launch.AHEAD_PROGRAM, str(self.folder.ahead)],
+                                                self.folder.lock, env, ranks)
+            self.proc = launch.spawn(self.cmd, env)
+        except OSError:
+            self.end()
+            raise
 
     def fits(self, ranks: Ranks) -> bool:
         """Whether these ranks can run a launch of `ranks`: the same ones, still waiting."""
-        return not self.taken and ranks == self.ranks and self.proc.poll() is None
+        return not self.taken and ranks == self.ranks and self.proc is not None and self.proc.poll() is None
 
     def spec(self, spec: RunSpec) -> RunSpec:
         """The spec as these ranks run it: FlashAttention-4's lock is the one this standby's process holds."""
@@ -72,22 +77,23 @@ class Standby:
         link.symlink_to(self.compile_cache)
         link.replace(self.folder.cache)  # at once, for every process: the output folder's cache from now
         ahead = self.ahead if spec is not None and spec.attention_lock == str(self.folder.lock) else None
-        if self.ahead is not None:
-            write_json(self.folder.ahead, Start(spec=str(spec_path) if ahead else "").to_dict())
-        if ahead is None:  # none waiting for this spec: started now, as a launch without a standby starts it
+        if ahead is not None:
+            write_json(self.folder.ahead, Start(spec=str(spec_path)).to_dict())
+        else:  # FlashAttention-4's process waits for none of this spec's kernels; one is started now if needed
+            _kill(self.ahead)
             ahead = launch.compile_ahead(spec, spec_path, env, self.ranks)
         write_json(self.folder.ranks, Start(spec=str(spec_path)).to_dict())
         say("$ " + " ".join(self.cmd))
         say(f"standby: the ranks above started {time.monotonic() - self.began:.1f} s ago, before the decision, "
             f"and run {spec_path} from now")
+        assert self.proc is not None, "fits() first"
         return self.proc, ahead
 
     def end(self) -> None:
         """The standby's processes end, unless a launch took them over; its folder goes with the job."""
         if not self.taken:
-            for process in (self.proc, self.ahead):
-                if process is not None and process.poll() is None:
-                    _kill_group(process)  # mid-import or waiting: nothing to save, nothing written
+            _kill(self.proc)  # mid-import or waiting: nothing to save, nothing written
+            _kill(self.ahead)
             self.taken = True
         shutil.rmtree(self.folder.path, ignore_errors=True)
 
@@ -97,14 +103,18 @@ def start(s: Settings, nodes: Nodes) -> Standby | None:
     nodes: each node's ranks start when node 0 says; a problem `choose_ranks` raises, which the job reports)."""
     if nodes.nnodes > 1:
         return None
+    found = machine.gpus()
     try:
-        ranks, _ = choose_ranks(s, Machine(gpus=machine.gpus()))
-        return Standby(s, ranks, nodes)
-    except (CannotRun, OSError):
+        ranks, _ = choose_ranks(s, Machine(gpus=found))
+        return Standby(s, ranks, nodes, ranks.on_gpu and machine.flash_attention_4_may_run(found, s.attention))
+    except (CannotRun, OSError):  # the job reports the first, and starts its ranks after deciding
         return None
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _kill(process: subprocess.Popen | None) -> None:
+    """A standby's process and its session (the launcher's ranks follow it: they die with their parent)."""
+    if process is None or process.poll() is not None:
+        return
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -1,16 +1,15 @@
 """A process of the job started before the controller has decided: it imports its libraries meanwhile, then waits
-for the spec of the launch it joins and runs it as its program would, or it ends, having done nothing.
+for the spec of the launch it joins and runs it as its program would. A job that ends first kills it, silent.
 
 Started by the controller's standby (controller/standby.py), never by hand:
     python -m sft.ranks.standby PROGRAM START.json
 PROGRAM is sft.ranks.train (every rank, through the launcher) or sft.ranks.attention_ahead (FlashAttention-4's
-kernels). START.json is a Start (handoff.py) in the standby's private folder, written once: a RunSpec's path, or
-none, to end.
+kernels). START.json is a Start (handoff.py) in the standby's private folder (a StandbyFolder), written once.
 
 Why: a rank's imports (torch, Transformers, TRL, DeepSpeed, flash-attn-4) took 12 s on an H200's host, and they began
 only after the controller had checked the settings' inputs, read the data and decided (20-45 s there; docs/speed.md,
 2026-12-04). Started with the job, they run meanwhile. What the imports print is held back and said once the spec
-comes, so that the log reads as a launch's started then; a process told to end says nothing.
+comes, so that the log reads as a launch's started then; a process killed before says nothing.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ def main(argv: list[str]) -> int:
     imported = time.monotonic()
     folder = StandbyFolder(Path(start_path).parent)
     start = wait(Path(start_path))
-    if not start.spec:
+    if start is None:  # the controller ended before it handed a spec over (it kills its standby: normally not here)
         return 0
     made_again(folder)
     say(held)
@@ -86,11 +85,11 @@ def made_again(folder: StandbyFolder) -> None:
             (folder.cache / made.relative_to(folder.cache_before_start)).mkdir(parents=True, exist_ok=True)
 
 
-def wait(path: Path) -> Start:
-    """The controller's Start; an end if its folder is gone (the controller ended without a word)."""
+def wait(path: Path) -> Start | None:
+    """The controller's Start; None once its folder is gone (the job ended)."""
     while (start := Start.load(path)) is None:
         if not path.parent.is_dir():
-            return Start()
+            return None
         time.sleep(POLL_SECONDS)
     return start
 
