@@ -15,6 +15,7 @@ and a missing key takes the field's default.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import typing
@@ -241,6 +242,24 @@ class StandbyFolder:
     @property
     def ranks(self) -> Path:  # the ranks' Start
         return self.path / "ranks.json"
+
+    @property
+    def controller(self) -> Path:  # locked by the controller while it lives (`waits`)
+        return self.path / "controller.lock"
+
+    def waits(self) -> bool:
+        """Whether the controller that made this folder still lives, and has not ended its standby."""
+        try:
+            fd = os.open(self.controller, os.O_RDONLY)
+        except FileNotFoundError:  # the folder removed: the standby ended
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False  # nobody holds it: the controller died without a word
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
 
     @property
     def ahead(self) -> Path:  # FlashAttention-4's process's Start

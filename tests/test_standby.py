@@ -4,6 +4,9 @@ what the imports printed is said once the spec comes, in its place in the log.""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,8 +25,16 @@ from sft.ranks import attention_ahead
 from sft.settings import Settings
 
 
-def processes_naming(text: str) -> list[str]:
-    """The command lines of the processes running now that contain `text`."""
+def processes_naming(text: str, within: float = 0) -> list[str]:
+    """The command lines of the processes running now that contain `text`; with `within`, those still running
+    after up to that many seconds (a rank spawned as its launcher was killed ends after its imports)."""
+    deadline = time.monotonic() + within
+    while (found := _processes_naming(text)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+def _processes_naming(text: str) -> list[str]:
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -77,24 +88,48 @@ def test_a_start_refused_ends_the_standby_and_leaves_nothing(tmp_path, case):
     result, seen = run_watching(env, tmp_path / "tmp")
     assert result.returncode == 2, result.stdout[-3000:]
     assert len(seen) == 1, "the standby never started: this test would not see it end"
-    assert not list((tmp_path / "tmp").glob("sft-standby-*")) and not processes_naming(str(tmp_path / "tmp"))
+    assert not processes_naming(str(tmp_path / "tmp"), within=60)
+    assert not list((tmp_path / "tmp").glob("sft-standby-*"))
     assert "$ " not in result.stdout and "standby" not in result.stdout and not (tmp_path / "out").exists()
     assert result.stdout.count("Setting accelerator to CPU") <= 1  # the controller's own; the ranks' imports: unsaid
 
 
-def test_a_process_whose_job_ended_ends_having_said_nothing(tmp_path):
-    """Its folder gone before any Start (the job ended; normally it kills its standby first): it exits 0 after its
-    imports, and what they printed (DeepSpeed's accelerator warning, on CPU) is not said."""
+@pytest.mark.parametrize("how", ["ended", "died"])
+def test_a_process_whose_controller_is_gone_ends_having_said_nothing(tmp_path, how):
+    """Its controller gone before any Start: ended (its folder removed) or died (its lock freed by the kernel; it
+    may have died as its launcher was spawning the ranks, before a rank could set its death signal). The process
+    exits 0 after its imports, removes what they made in the folder, and what they printed (DeepSpeed's
+    accelerator warning, on CPU) is not said."""
     folder = StandbyFolder(tmp_path / "standby")
     folder.path.mkdir()
+    alive = os.open(folder.controller, os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(alive, fcntl.LOCK_EX)  # the controller's, as controller/standby.py holds it
+    env = {**clean_environ(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(folder.cache / "inductor")}
     proc = subprocess.Popen([sys.executable, "-m", standby.PROGRAM, launch.RANK_PROGRAM, str(folder.ranks)], cwd=REPO,
-                            env=clean_environ(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    folder.path.rmdir()
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    if how == "ended":
+        shutil.rmtree(folder.path)  # as Standby.end: its imports make the cache's folder again after this
+    os.close(alive)  # its lock, free (at a death, the kernel frees it)
     out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, out, err) == (0, "", "")
+    assert (proc.returncode, out, err) == (0, "", "") and not folder.path.exists()
     imports = subprocess.run([sys.executable, "-c", "import deepspeed"], cwd=REPO, env=clean_environ(tmp_path),
                              capture_output=True, text=True)
     assert "Setting accelerator to CPU" in imports.stdout + imports.stderr  # what was held back, unsaid
+
+
+def test_a_process_waits_while_its_controller_lives(tmp_path):
+    folder = StandbyFolder(tmp_path / "standby")
+    folder.path.mkdir()
+    alive = os.open(folder.controller, os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(alive, fcntl.LOCK_EX)
+    try:
+        assert folder.waits()
+    finally:
+        os.close(alive)
+    assert not folder.waits()
+    folder.controller.unlink()
+    assert not folder.waits()
 
 
 def test_what_the_imports_printed_is_said_after_the_spec_in_order(tmp_path):
@@ -140,7 +175,7 @@ def test_a_standby_for_other_ranks_is_not_taken(tmp_path):
     finally:
         waiting.end()
     assert not waiting.folder.path.exists() and waiting.proc.returncode is not None
-    assert not processes_naming(str(waiting.folder.path))  # the ranks went with their launcher
+    assert not processes_naming(str(waiting.folder.path), within=60)  # the ranks went with their launcher
     assert not waiting.fits(ranks)  # ended
 
 

@@ -40,7 +40,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def command(s: Settings, ranks: Ranks, nodes: Nodes, port: int, module: str = RANK_PROGRAM, *args: str) -> list[str]:
+def command(s: Settings, ranks: Ranks, nodes: Nodes, port: int, module: str, *args: str) -> list[str]:
     """The launcher command line, as the seed writes it by hand, starting `module` with `args` on every rank;
     torchrun's static rendezvous across nodes."""
     if s.launcher == "deepspeed":

@@ -14,6 +14,7 @@ neither torchrun nor the deepspeed launcher starts ranks before their program's 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -41,6 +42,10 @@ class Standby:
         """`kernels_ahead`: FlashAttention-4's process too (where the decision may choose it)."""
         self.ranks, self.began, self.taken = ranks, time.monotonic(), False
         self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix="sft-standby-")))
+        # Held while this process lives: a process whose controller died (even before it could set its own death
+        # signal, its launcher killed as it started) sees the lock free and ends (sft/ranks/standby.py::wait).
+        self.alive = os.open(self.folder.controller, os.O_WRONLY | os.O_CREAT, 0o644)
+        fcntl.flock(self.alive, fcntl.LOCK_EX)
         # The libraries make their caches' folders at import (torch._dynamo's, FlashAttention-4's) and keep their
         # paths: they find the output folder's compile cache through a link, which points into this folder until
         # the hand-over (nothing is written in the output folder before the job holds its lock).
@@ -96,6 +101,9 @@ class Standby:
             _kill(self.ahead)
             self.taken = True
         shutil.rmtree(self.folder.path, ignore_errors=True)
+        if self.alive >= 0:
+            os.close(self.alive)
+            self.alive = -1
 
 
 def start(s: Settings, nodes: Nodes) -> Standby | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -54,8 +55,9 @@ def main(argv: list[str]) -> int:
         preload(program)
     imported = time.monotonic()
     folder = StandbyFolder(Path(start_path).parent)
-    start = wait(Path(start_path))
-    if start is None:  # the controller ended before it handed a spec over (it kills its standby: normally not here)
+    start = wait(Path(start_path), folder)
+    if start is None:  # the controller ended before handing a spec over: what its processes made here goes too
+        shutil.rmtree(folder.path, ignore_errors=True)
         return 0
     made_again(folder)
     say(held)
@@ -85,10 +87,10 @@ def made_again(folder: StandbyFolder) -> None:
             (folder.cache / made.relative_to(folder.cache_before_start)).mkdir(parents=True, exist_ok=True)
 
 
-def wait(path: Path) -> Start | None:
-    """The controller's Start; None once its folder is gone (the job ended)."""
+def wait(path: Path, folder: StandbyFolder) -> Start | None:
+    """The controller's Start; None once the controller no longer waits (it ended, or died)."""
     while (start := Start.load(path)) is None:
-        if not path.parent.is_dir():
+        if not folder.waits():
             return None
         time.sleep(POLL_SECONDS)
     return start
