@@ -42,21 +42,21 @@ class Standby:
         """`kernels_ahead`: FlashAttention-4's process too (where the decision may choose it)."""
         self.ranks, self.began, self.taken = ranks, time.monotonic(), False
         self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix="sft-standby-")))
-        # Held while this process lives: a process whose controller died (even before it could set its own death
-        # signal, its launcher killed as it started) sees the lock free and ends (sft/ranks/standby.py::wait).
-        self.alive = os.open(self.folder.controller, os.O_WRONLY | os.O_CREAT, 0o644)
-        fcntl.flock(self.alive, fcntl.LOCK_EX)
-        # The libraries make their caches' folders at import (torch._dynamo's, FlashAttention-4's) and keep their
-        # paths: they find the output folder's compile cache through a link, which points into this folder until
-        # the hand-over (nothing is written in the output folder before the job holds its lock).
-        self.folder.cache_before_start.mkdir()
-        self.folder.cache.symlink_to(self.folder.cache_before_start)
+        self.alive, self.ahead, self.proc = -1, None, None
         self.compile_cache = launch.compile_cache(s)
-        env = launch.environment(s, ranks, self.folder.cache)
-        self.ahead = self.proc = None
         self.cmd = launch.command(s, ranks, nodes, nodes.master_port or launch.free_port(), PROGRAM,
                                   launch.RANK_PROGRAM, str(self.folder.ranks))
         try:
+            # Held while this process lives: a process whose controller died (even before it could set its own
+            # death signal, its launcher killed as it started) sees the lock free and ends (ranks/standby.py::wait).
+            self.alive = os.open(self.folder.controller, os.O_WRONLY | os.O_CREAT, 0o644)
+            fcntl.flock(self.alive, fcntl.LOCK_EX)
+            # The libraries make their caches' folders at import (torch._dynamo's, FlashAttention-4's) and keep their
+            # paths: they find the output folder's compile cache through a link, which points into this folder until
+            # the hand-over (nothing is written in the output folder before the job holds its lock).
+            self.folder.cache_before_start.mkdir()
+            self.folder.cache.symlink_to(self.folder.cache_before_start)
+            env = launch.environment(s, ranks, self.folder.cache)
             if kernels_ahead:
                 self.ahead = launch.start_ahead([PROGRAM, launch.AHEAD_PROGRAM, str(self.folder.ahead)],
                                                 self.folder.lock, env, ranks)
