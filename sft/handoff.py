@@ -233,6 +233,22 @@ class Start(Record):
     spec: str  # the RunSpec's path
 
 
+def lock_held(path: Path | str) -> bool:
+    """Whether a live process holds `path` locked (flock, exclusively): the kernel frees a dead holder's lock.
+    False where the file is missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it a shared lock taken just now
+
+
 @dataclass(frozen=True)
 class StandbyFolder:
     """The standby's private folder (controller/standby.py), as the controller and its processes share it."""
@@ -248,18 +264,9 @@ class StandbyFolder:
         return self.path / "controller.lock"
 
     def waits(self) -> bool:
-        """Whether the controller that made this folder still lives, and has not ended its standby."""
-        try:
-            fd = os.open(self.controller, os.O_RDONLY)
-        except FileNotFoundError:  # the folder removed: the standby ended
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return False  # nobody holds it: the controller died without a word
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
+        """Whether the controller that made this folder still lives, and has not ended its standby (the folder
+        removed, or the lock free: the controller died without a word)."""
+        return lock_held(self.controller)
 
     @property
     def ahead(self) -> Path:  # FlashAttention-4's process's Start

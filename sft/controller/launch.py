@@ -160,10 +160,10 @@ class Launch:
 
     def start(self) -> None:
         env, spec = environment(self.settings, self.ranks), RunSpec.load(self.spec_path)
+        say("$ " + " ".join(self.cmd))  # the standby's command where it runs this launch
         if self.standby is not None:
             self.proc, self.ahead = self.standby.hand_over(self.spec_path, spec, env)
             return
-        say("$ " + " ".join(self.cmd))
         self.ahead = compile_ahead(spec, self.spec_path, env, self.ranks)
         self.proc = spawn(self.cmd, env)
 

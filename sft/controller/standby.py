@@ -88,7 +88,6 @@ class Standby:
             _kill(self.ahead)
             ahead = launch.compile_ahead(spec, spec_path, env, self.ranks)
         write_json(self.folder.ranks, Start(spec=str(spec_path)).to_dict())
-        say("$ " + " ".join(self.cmd))
         say(f"standby: the ranks above started {time.monotonic() - self.began:.1f} s ago, before the decision, "
             f"and run {spec_path} from now")
         assert self.proc is not None, "fits() first"

@@ -20,11 +20,12 @@ compiles what is missing at its first call, as it would without this process: a 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 import time
 from pathlib import Path
+
+from ..handoff import lock_held
 
 WAIT_SECONDS = 300  # a rank waits at most this long for this process, then compiles what it lacks itself
 
@@ -33,19 +34,8 @@ def wait(lock: str, timeout_s: float = WAIT_SECONDS) -> float:
     """Block until the process compiling the kernels ahead has ended (its lock is free): the seconds waited.
     After timeout_s it gives up waiting (the rank compiles itself)."""
     began = time.monotonic()
-    fd = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                break
-            except BlockingIOError:
-                if time.monotonic() - began >= timeout_s:
-                    break
-                time.sleep(0.05)
-    finally:
-        os.close(fd)
+    while lock_held(lock) and time.monotonic() - began < timeout_s:
+        time.sleep(0.05)
     return time.monotonic() - began
 
 
