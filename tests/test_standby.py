@@ -196,3 +196,25 @@ def test_the_folders_the_imports_made_before_the_start_are_made_in_the_output_fo
     folder.cache.symlink_to(real)
     made_again(folder)
     assert (real / "flash-attention" / "abc123" / "fwd").is_dir() and (real / "inductor" / "dynamo").is_dir()
+
+
+def test_a_killed_controllers_folder_is_removed_by_the_next_standby(tmp_path):
+    """SIGKILL leaves a controller no time to remove its folder: the next standby removes a folder whose lock no live
+    process holds, once older than a starting controller's could be; not a live controller's, nor a young one."""
+    tmp = tmp_path / "tmp"
+    killed, live, young = (StandbyFolder(tmp / (standby.FOLDER_PREFIX + name)) for name in ("killed", "live", "young"))
+    for folder in (killed, live, young):
+        folder.path.mkdir(parents=True)
+        folder.controller.touch()
+        (folder.path / "compile-cache").symlink_to(tmp_path)
+    alive = os.open(live.controller, os.O_WRONLY)
+    fcntl.flock(alive, fcntl.LOCK_EX)
+    long_ago = time.time() - standby.ABANDONED_AFTER_SECONDS - 5
+    for folder in (killed, live):
+        os.utime(folder.path, (long_ago, long_ago))
+    try:
+        standby.remove_abandoned(tmp)
+        assert sorted(p.name for p in tmp.iterdir()) == [live.path.name, young.path.name]
+    finally:
+        os.close(alive)
+    assert tmp_path.is_dir()  # the link was removed, not what it points to

@@ -33,6 +33,8 @@ from ..settings import Settings
 from . import launch, machine
 
 PROGRAM = "sft.ranks.standby"
+FOLDER_PREFIX = "sft-standby-"
+ABANDONED_AFTER_SECONDS = 60  # a folder younger than this may be a starting controller's, its lock not yet taken
 
 
 class Standby:
@@ -41,7 +43,8 @@ class Standby:
     def __init__(self, s: Settings, ranks: Ranks, nodes: Nodes = Nodes(), kernels_ahead: bool = False):
         """`kernels_ahead`: FlashAttention-4's process too (where the decision may choose it)."""
         self.ranks, self.began, self.taken = ranks, time.monotonic(), False
-        self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix="sft-standby-")))
+        remove_abandoned(Path(tempfile.gettempdir()))
+        self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX)))
         self.alive, self.ahead, self.proc = -1, None, None
         self.compile_cache = launch.compile_cache(s)
         self.cmd = launch.command(s, ranks, nodes, nodes.master_port or launch.free_port(), PROGRAM,
@@ -116,6 +119,19 @@ def start(s: Settings, nodes: Nodes) -> Standby | None:
         return Standby(s, ranks, nodes, ranks.on_gpu and machine.flash_attention_4_may_run(found, s.attention))
     except (CannotRun, OSError):  # the job reports the first, and starts its ranks after deciding
         return None
+
+
+def remove_abandoned(tmp: Path) -> None:
+    """The folders of standbys whose controller was killed (SIGKILL leaves it no time to remove its folder; its
+    processes died with it): no live process holds their controller's lock. A live job's folder, whose ranks find
+    their compile cache through it, is locked until the job ends."""
+    for path in tmp.glob(FOLDER_PREFIX + "*"):
+        try:
+            old = time.time() - path.stat().st_mtime > ABANDONED_AFTER_SECONDS
+        except OSError:  # removed meanwhile
+            continue
+        if old and not StandbyFolder(path).waits():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill(process: subprocess.Popen | None) -> None:
