@@ -17,7 +17,7 @@ from test_decide import ONE_H200, decided
 from sft.controller import launch
 from sft.controller.output import Paths
 from sft.controller.runs import make_spec
-from sft.handoff import RunSpec
+from sft.handoff import RunSpec, lock_held
 from sft.planner.inputs import Ranks
 from sft.ranks import attention_ahead, upstream
 from sft.settings import Settings
@@ -30,18 +30,6 @@ def spec_of(tmp_path, **changes) -> RunSpec:
     s = Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), max_length=64, micro_batch=2)
     spec = make_spec(s, d, Paths(s.output_path), "probe", s.output_path, 5)
     return dataclasses.replace(spec, **changes)
-
-
-def held(lock) -> bool:
-    """Whether some process holds `lock` now (a shared lock cannot be taken)."""
-    fd = os.open(lock, os.O_RDONLY | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def test_the_spec_names_the_lock_where_flash_attention_4_runs(tmp_path):
@@ -60,11 +48,11 @@ def test_the_process_holds_the_lock_from_before_it_starts_until_it_ends(tmp_path
     path = spec.save(tmp_path / "spec.json")
     began = time.monotonic()
     process = launch.compile_ahead(spec, path, clean_environ(tmp_path), ON_GPU)
-    assert process is not None and held(spec.attention_lock)  # at once, before the process has imported anything
+    assert process is not None and lock_held(spec.attention_lock)  # at once, before the process has imported anything
     assert attention_ahead.wait(spec.attention_lock, timeout_s=0.3) >= 0.3  # a rank gives up after its timeout
     waited = attention_ahead.wait(spec.attention_lock)
     assert process.wait(timeout=5) == 1 and waited <= time.monotonic() - began
-    assert not held(spec.attention_lock)
+    assert not lock_held(spec.attention_lock)
     out = capfd.readouterr().out
     assert "FlashAttention-4's kernels: compiled meanwhile on GPU 0 (sft.ranks.attention_ahead)" in out
     assert "FlashAttention-4's kernels were not compiled ahead" in out

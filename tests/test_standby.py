@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary
-from test_attention_ahead import held, spec_of
+from test_attention_ahead import spec_of
 
 from sft.controller import launch, standby
-from sft.handoff import StandbyFolder
+from sft.handoff import StandbyFolder, lock_held
 from sft.nodes import Nodes
 from sft.planner.inputs import Ranks
 from sft.ranks import attention_ahead
@@ -149,13 +149,13 @@ def test_flash_attention_4s_process_waits_holding_its_lock_and_runs_the_spec_or_
                               kernels_ahead=True)
     proc = None
     try:
-        assert waiting.ahead is not None and held(waiting.folder.lock)
+        assert waiting.ahead is not None and lock_held(waiting.folder.lock)
         assert attention_ahead.wait(str(waiting.folder.lock), timeout_s=0.3) >= 0.3  # a rank waits for it
         spec = waiting.spec(spec_of(tmp_path) if wanted else spec_of(tmp_path, attention_lock=""))
         assert spec.attention_lock == (str(waiting.folder.lock) if wanted else "")
         proc, ahead = waiting.hand_over(spec.save(tmp_path / "spec.json"), spec, clean_environ(tmp_path))
         assert ahead is (waiting.ahead if wanted else None)
-        assert waiting.ahead.wait(timeout=120) == (1 if wanted else -9) and not held(waiting.folder.lock)
+        assert waiting.ahead.wait(timeout=120) == (1 if wanted else -9) and not lock_held(waiting.folder.lock)
         out = capfd.readouterr().out
         said = "FlashAttention-4's kernels were not compiled ahead"
         assert said in out if wanted else said not in out
