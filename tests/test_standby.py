@@ -206,7 +206,7 @@ def test_a_killed_controllers_folder_is_removed_by_the_next_standby(tmp_path):
     for folder in (killed, live, young):
         folder.path.mkdir(parents=True)
         folder.controller.touch()
-        (folder.path / "compile-cache").symlink_to(tmp_path)
+        folder.cache.symlink_to(tmp_path)
     alive = os.open(live.controller, os.O_WRONLY)
     fcntl.flock(alive, fcntl.LOCK_EX)
     long_ago = time.time() - standby.ABANDONED_AFTER_SECONDS - 5
