@@ -11,7 +11,8 @@ import pytest
 from conftest import DEMO_MODEL
 from data_fixtures import rows, save_to_disk, write
 from sft.controller import data as data_step
-from sft.data import DataError, entries, files, shapes
+from sft.data import DataError, files, shapes
+from sft.settings import entries
 from sft.data.sources import build, combine, hold_out, load
 from sft.handoff import DataPlan, DataSource
 from sft.planner.inputs import Ranks

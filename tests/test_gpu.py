@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import demo_env, read_summary, run_entrypoint
 
-from sft.settings_checks import flash_attention_4_installed
+from sft.settings.checks import flash_attention_4_installed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -93,7 +93,7 @@ def test_rows_split_over_two_of_four_gpus_train_two_groups(tmp_path):
 
 
 def _fa4_runs_here() -> bool:
-    from sft.settings_checks import flash_attention_4_installed
+    from sft.settings.checks import flash_attention_4_installed
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) and flash_attention_4_installed()
 

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from sft.planner.budget import Budget, Projection, gate, steps_that_fit
-from sft.planner.deadline import MARGIN_S, SAFETY, Clock, Deadline, earliest, parse_limit, parse_slurm_end, \
+from sft.settings.times import parse_limit, parse_slurm_end
+from sft.planner.deadline import MARGIN_S, SAFETY, Clock, Deadline, earliest, \
     stop_for_time
 
 START = 1_800_000_000.0  # a job's start, epoch seconds

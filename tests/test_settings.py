@@ -139,7 +139,7 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
 
 def test_flash_attention_4_is_refused_where_it_is_not_installed(isolated_env):
     """This CPU machine has no flash-attn-4 (installed with CUDA builds of torch only, scripts/install-deps.sh)."""
-    from sft.settings_checks import flash_attention_4_installed
+    from sft.settings.checks import flash_attention_4_installed
 
     assert not flash_attention_4_installed()
     with pytest.raises(SettingsError) as e:
@@ -177,7 +177,7 @@ def test_a_token_in_trainer_args_is_refused_and_never_shown(isolated_env):
 
 
 def test_liger_kernels_true_needs_liger_and_triton(isolated_env):
-    from sft.settings_checks import liger_available
+    from sft.settings.checks import liger_available
 
     if liger_available():
         pytest.skip("liger-kernel and triton are installed here: the error cannot happen")

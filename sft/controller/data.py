@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ..data import checks, shapes
-from ..data.entries import DataError, looks_local, parse
+from ..data import DataError, checks, shapes
+from ..settings.entries import looks_local, parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
 from ..planner import rules

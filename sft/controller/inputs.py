@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .. import checkpoints, exitcodes, nodes
-from ..data.entries import looks_local
+from ..settings.entries import looks_local
 from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine
 from ..planner.shape import ModelShape, model_shape
 from ..settings import REPO_ID, Settings

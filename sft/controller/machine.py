@@ -20,7 +20,7 @@ from typing import Any
 
 from ..planner.inputs import GPU, Machine, Ranks
 from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
-from ..settings_checks import flash_attention_4_installed, liger_available
+from ..settings.checks import flash_attention_4_installed, liger_available
 from .launch import free_port
 
 ALLREDUCE_BYTES = 256 * 2**20
@@ -124,7 +124,7 @@ def gpus() -> tuple[GPU, ...]:
 
 class ImportCheck:
     """`import MODULE` tried in a child process, started at once and read later (`error`): finding flash-attn-4
-    (settings_checks) cannot tell a missing CUDA library, which would otherwise fail every rank at its first
+    (sft/settings/checks.py) cannot tell a missing CUDA library, which would otherwise fail every rank at its first
     step. A child, as importing the CuTe DSL loads CUDA's libraries into the process; in the background, as it
     took 11-14 s on an H200 (docs/speed.md), time the Hub and data checks now hide."""
 

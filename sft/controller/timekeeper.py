@@ -16,8 +16,9 @@ from pathlib import Path
 
 from ..console import say
 from ..events import PROGRESS_FILE, Progress
+from ..settings.times import parse_limit, parse_slurm_end
 from ..planner.deadline import (ASSUMED_SAVE_BYTES_PER_S, ASSUMED_UPLOAD_BYTES_PER_S, Clock, Deadline, TimeCall,
-                                earliest, parse_limit, parse_slurm_end, stop_for_time)
+                                earliest, stop_for_time)
 from ..settings import Settings
 from .launch import Stopper
 

@@ -1,7 +1,6 @@
 """The user's data, shared by the controller (which checks it before any rank starts) and the ranks (which
 train on it through the same code):
 
-    entries.py  what SFT_DATASET says: sources, each with an optional row count or weight (no I/O but stat)
     sources.py  loading each source with `datasets`, drawing the mixture, holding out the evaluation rows
     files.py    why a local file cannot be read: the empty file, the bad JSON line (datasets names neither)
     shapes.py   which of TRL's dataset shapes the rows have, by TRL's own rules
@@ -10,9 +9,14 @@ train on it through the same code):
     longrows.py the rows longer than SFT_MAX_LENGTH, counted once (SFT_LONG_ROWS: truncate, drop, error)
     show.py     the first rows' tokens and which carry the loss, for `entrypoint.py data`
 
-Only entries.py is imported by the settings: the rest imports `datasets` and TRL, which take seconds.
+What SFT_DATASET says (its sources and their amounts) is the settings' (sft/settings/entries.py). The modules
+here import `datasets` and TRL, which take seconds: only where they are used.
 """
 
-from .entries import DATA_SUFFIXES, DataError, looks_local
 
-__all__ = ["DATA_SUFFIXES", "DataError", "looks_local"]
+class DataError(Exception):
+    """The data cannot be trained on as it is: every problem, one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))

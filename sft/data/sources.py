@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from ..handoff import DataPlan, DataSource
 from . import files
-from .entries import DATA_SUFFIXES, LOADERS, DataError, Entry
+from ..settings.entries import DATA_SUFFIXES, LOADERS, Entry
+from . import DataError
 
 if TYPE_CHECKING:
     from datasets import Dataset

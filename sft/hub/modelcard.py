@@ -8,8 +8,8 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from ..data import looks_local
 from ..settings import REPO_ID
+from ..settings.entries import looks_local
 
 FRAMEWORKS = ("torch", "deepspeed", "transformers", "trl", "accelerate", "datasets", "huggingface_hub")
 

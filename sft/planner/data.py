@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import exitcodes
-from ..data.entries import parse
+from ..settings.entries import parse
 from ..data.tokens import processes
 from ..handoff import DataPlan, DataSource
 from ..settings import Settings

@@ -9,6 +9,7 @@ from typing import Any
 from .. import exitcodes
 from ..handoff import CheckpointRecord, Split
 from ..settings import Settings
+from ..settings.checks import sequence_parallel_problems
 from ..stages import Stage
 from ..units import GIB
 from .inputs import CannotRun, Inputs, Machine, Ranks
@@ -246,22 +247,8 @@ def check_split(n: int, ranks: Ranks, shape: ModelShape) -> None:
                         exitcodes.BAD_SETTINGS)
 
 
-def sequence_parallel_problems(s: Settings) -> list[str]:
-    """What a row split over N GPUs asks of the other settings, one line each (settings.check reports them with
-    the others; the machine and the model are checked by sequence_parallel)."""
-    n = s.sequence_parallel
-    if n in ("auto", 1):
-        return []
-    needs = ["SFT_PACKING=false: Ulysses attention over sdpa drops the mask that keeps packed conversations apart, "
-             "so they would attend to each other" if s.packing else "",
-             f"SFT_ATTENTION=auto or sdpa: DeepSpeed's Ulysses wraps sdpa, not {s.attention}"
-             if s.attention not in ("auto", "sdpa") else "",
-             f"an SFT_MAX_LENGTH that {n} divides: each GPU holds an equal share of a row" if s.max_length % n else ""]
-    return [f"SFT_SEQUENCE_PARALLEL='{n}': needs {need}" for need in needs if need]
-
-
 def liger(s: Settings, ranks: Ranks, machine: Machine, compiled: bool) -> tuple[bool, str]:
-    if s.liger_kernels != "auto":  # true with SFT_COMPILE=true is refused (settings_checks.py)
+    if s.liger_kernels != "auto":  # true with SFT_COMPILE=true is refused (sft/settings/checks.py)
         return s.liger_kernels == "true", f"{s.liger_kernels} (SFT_LIGER_KERNELS)"
     if compiled:
         return False, "off, auto: the model's layers are compiled, and compiled with Liger's kernels the loss was NaN"

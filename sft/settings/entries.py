@@ -5,8 +5,8 @@ Hub name, with an optional amount after a colon:
     demo/chat.jsonl:300                   300 rows drawn from it (seeded; more than it holds repeats rows)
     org/name:0.5, /data/more:2.0          a weight (a decimal point): half of org/name's rows, more's twice
 
-Nothing here reads a file (it only asks whether a path exists and what it holds), so the settings can check
-these values before anything is loaded.
+Nothing here reads a file (it only asks whether a path exists and what it holds), so the settings check these
+values before anything is loaded; sft/data/ loads what they name.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fields import REPO_ID
+
 # datasets' builder for each local file format
 LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 DATA_SUFFIXES = tuple(LOADERS)
@@ -23,14 +25,6 @@ DATA_SUFFIXES = tuple(LOADERS)
 SAVED_DATASET = ("dataset_info.json", "state.json")
 SAVED_DICT = "dataset_dict.json"
 AMOUNT = re.compile(r"^(?P<path>.+?):(?P<amount>\d+|\d*\.\d+)$")
-
-
-class DataError(Exception):
-    """The data cannot be trained on as it is: every problem, one line each."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 def looks_local(value: str) -> bool:
@@ -85,8 +79,6 @@ def parse(value: str) -> list[Entry]:
 
 def problems(var: str, value: str) -> list[str]:
     """What is wrong with the value of SFT_DATASET or SFT_EVAL_DATASET before anything is read."""
-    from ..settings import REPO_ID  # settings imports this module
-
     try:
         entries = parse(value)
     except ValueError as e:
@@ -151,8 +143,6 @@ def settings_problems(s) -> list[str]:
 
 
 def _template_problems(value: str) -> list[str]:
-    from ..settings import REPO_ID
-
     path = Path(value).expanduser()
     if not looks_local(value):
         return [] if REPO_ID.match(value) else [f"SFT_CHAT_TEMPLATE={value!r}: neither a local path nor a Hub name"]

@@ -1,25 +1,17 @@
-"""The job's settings: one frozen dataclass, read from SFT_* environment variables by one function.
-
-Each field is one variable: field `micro_batch` is `SFT_MICRO_BATCH`. The docstring-like `help` of
-each field is what `entrypoint.py --help` and the README table show. Every problem is collected and
-reported at once (a batch job should fail once, with the whole list, not once per typo).
-"""
+"""The settings' fields: one frozen dataclass, a field per SFT_* variable, each with the help text that
+`entrypoint.py --help` and docs/settings.md show (parse.py reads them from the environment)."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
-import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from . import nodes, stages
-from .settings_data import TrainedOn
-from .settings_data import setting as _setting
+from .. import nodes, stages
 
 PREFIX = "SFT_"
 STAGES = ("auto", *stages.NAMES)
@@ -31,6 +23,7 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 PRECISIONS = ("auto", "bf16", "fp32")
 BUDGET_ACTIONS = ("refuse", "truncate")
 LONG_ROWS = ("truncate", "drop", "error")
+LOSS_ON = ("auto", "all", "assistant", "completion")
 # A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 # The variables of the ecosystem the job reads under their own names (documented, never SFT_).
@@ -48,10 +41,43 @@ ECOSYSTEM_VARS = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Settings(TrainedOn):
-    """Everything a run needs, as resolved from the environment (what is trained on: TrainedOn's fields)."""
+def _setting(default: Any, help: str, **meta: Any) -> Any:
+    """A field and its help; meta: choices, min, gt, lt (bounds parse.py checks), auto (an int field takes "auto")."""
+    return field(default=default, metadata={"help": help, **meta})
 
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a run needs, as resolved from the environment. Each field is one variable: field `micro_batch` is
+    `SFT_MICRO_BATCH`; its help is what `entrypoint.py --help` and docs/settings.md show."""
+
+    # what is trained on: the model, its data, the tokens learned, the evaluation
+    model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
+    model_revision: str | None = _setting(None, "The Hub model's branch, tag or commit; resolved to a commit at start "
+                                          "and recorded in the summary and the model card.")
+    dataset: str = _setting("trl-lib/Capybara", "Training data: a Hub name, a local .jsonl/.json/.parquet/.csv "
+                            "file or a folder of them, or a save_to_disk folder; several, comma-separated, make a "
+                            "mixture, each optionally ending in :ROWS (rows drawn from it) or :WEIGHT (with a decimal "
+                            "point: 0.5 takes half its rows). Shapes: see Bring your data.")
+    dataset_split: str = _setting("train", "Split to train on, local data too (a file is the split train; a folder's "
+                                  "files named for splits are its splits); slices such as train[:1000] work.")
+    dataset_config: str | None = _setting(None, "The Hub dataset's configuration (subset) name.")
+    dataset_revision: str | None = _setting(None, "The Hub dataset's branch, tag or commit; resolved to a commit at "
+                                            "start and recorded in the summary and the model card.")
+    chat_template: str | None = _setting(None, "A chat template to train with instead of the model's: a .jinja file, "
+                                         "or a model (Hub name or folder) to take it and its special tokens from "
+                                         "(TRL's chat_template_path). final/ is saved with it.")
+    loss_on: str = _setting("auto", "Tokens that carry the loss: all; assistant (the assistant turns of "
+                            "conversations; the chat template must mark them, see SFT_CHAT_TEMPLATE); completion "
+                            "(prompt/completion data). auto: completion for prompt/completion data, all otherwise "
+                            "(TRL's defaults).", choices=LOSS_ON)
+    eval_dataset: str | None = _setting(None, "Evaluation data, as SFT_DATASET (split SFT_EVAL_SPLIT, default train).")
+    eval_split: str | None = _setting(None, "Evaluate on this split: of SFT_EVAL_DATASET, or else of SFT_DATASET.")
+    eval_fraction: float = _setting(0.0, "Or hold out this fraction of the training rows for evaluation (seeded by "
+                                    "SFT_SEED: the same rows on every start); 0: none.", min=0, lt=1)
+    eval_steps: int | None = _setting(None, "Evaluate every this many optimizer steps, and at the end; unset: with "
+                                      "each checkpoint (SFT_SAVE_STEPS).", min=1)
+    # how it is trained and run
     zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
                                choices=STAGES)
@@ -177,132 +203,3 @@ class Settings(TrainedOn):
     def user_ds_config(self) -> dict[str, Any] | None:
         """SFT_DS_CONFIG's contents, read once (check() reports a file that cannot be read)."""
         return None if self.ds_config is None else json.loads(Path(self.ds_config).read_text())
-
-
-class SettingsError(Exception):
-    """All problems found in the environment, one line each; `settings` holds the values that did parse
-    (defaults where one did not), so the inputs they name can still be checked and reported with them."""
-
-    def __init__(self, problems: list[str], settings: Settings | None = None):
-        self.problems, self.settings = problems, settings
-        super().__init__("\n".join(problems))
-
-
-def refusal(what: str, problems: list[str]) -> str:
-    """How a list of problems is shown before exit 2 (settings, data): every one, one line each."""
-    return "\n".join([f"error: the {what} not valid; nothing was started:", *(f"  - {p}" for p in problems)])
-
-
-def env_name(name: str) -> str:
-    return PREFIX + name.upper()
-
-
-def describe() -> list[tuple[str, str, str]]:
-    """(variable, default, help) for every setting: for --help and the README table."""
-    rows = []
-    for f in dataclasses.fields(Settings):
-        default = "unset" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) else str(
-            f.default)
-        rows.append((env_name(f.name), default, f.metadata["help"]))
-    return rows
-
-
-def markdown_table() -> str:
-    """The README's table of variables (a test keeps the README equal to this)."""
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    lines += [f"| `{var}` | `{default}` | {help} |" for var, default, help in describe()]
-    return "\n".join(lines)
-
-
-def from_env(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read, parse and check every SFT_* variable; raise SettingsError listing every problem."""
-    environ = os.environ if environ is None else environ
-    fields = {env_name(f.name): f for f in dataclasses.fields(Settings)}
-    problems = _unknown_variables(environ, fields)
-    values = {}
-    for var, f in fields.items():
-        raw = environ.get(var)
-        if raw is None or raw.strip() == "":
-            continue
-        try:
-            values[f.name] = _parse(f, raw.strip())
-        except ValueError as e:
-            problems.append(_bad(var, raw, str(e)))
-    problems += nodes.problems(environ, values.get("launcher", LAUNCHERS[0]))
-    if values.get("batch_search", "auto") == "auto" and any(environ.get(v, "").strip() for v in (
-            env_name("micro_batch"), env_name("grad_accum"))):
-        values["batch_search"] = "false"  # a split the user wrote is kept as written
-    # A value that did not parse keeps its default here, so one typo does not hide the other problems.
-    settings = Settings(**values)
-    from .settings_checks import check  # it imports this module
-
-    problems += check(settings)
-    if problems:
-        raise SettingsError(problems, settings)
-    return settings
-
-
-def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
-    problems = []
-    for var in sorted(v for v in environ if v.startswith(PREFIX) and v not in fields):
-        close = difflib.get_close_matches(var, fields, n=1)
-        hint = f"did you mean {close[0]}?" if close else "see `entrypoint.py --help` for the list"
-        problems.append(f"{var}: unknown setting ({hint})")
-    return problems
-
-
-def _parse(f: dataclasses.Field, raw: str) -> Any:
-    kind = str(f.type)
-    choices = f.metadata.get("choices")
-    if "bool" in kind or choices in (SWITCH, CHECKPOINTING):
-        if choices and raw.lower() in choices:
-            return raw.lower()
-        try:
-            return _parse_switch(raw, allow_auto="bool" not in kind)
-        except ValueError:
-            if choices == CHECKPOINTING:
-                raise ValueError("expected auto, true, false or offload") from None
-            raise
-    if "int" in kind:
-        if f.metadata.get("auto") and raw.lower() == "auto":
-            return "auto"
-        try:
-            value: Any = int(raw)
-        except ValueError:
-            raise ValueError("expected auto or a whole number" if f.metadata.get("auto") else
-                             "expected a whole number") from None
-    elif "float" in kind:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError("expected a number") from None
-    else:
-        value = raw
-    _check_bounds(f.metadata, value)
-    return value
-
-
-def _parse_switch(raw: str, allow_auto: bool) -> bool | str:
-    """true/false in the usual spellings; where auto is allowed, the words "auto", "true", "false"."""
-    word = raw.lower()
-    if word in TRUE or word in FALSE:
-        return str(word in TRUE).lower() if allow_auto else word in TRUE
-    if allow_auto and word == "auto":
-        return word
-    raise ValueError("expected true or false (1/0, yes/no, on/off)" + (", or auto" if allow_auto else ""))
-
-
-def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
-    if "choices" in meta and value not in meta["choices"]:
-        raise ValueError("expected one of " + ", ".join(meta["choices"]))
-    if "min" in meta and value < meta["min"]:
-        raise ValueError(f"expected at least {meta['min']}")
-    if "gt" in meta and not value > meta["gt"]:
-        raise ValueError(f"expected more than {meta['gt']}")
-    if "lt" in meta and not value < meta["lt"]:
-        raise ValueError(f"expected less than {meta['lt']}")
-
-
-def _bad(var: str, value: Any, message: str) -> str:
-    """One problem, as every message reads: the variable, its value as given, what would be valid."""
-    return f"{var}={str(value)!r}: {message}"

@@ -1,0 +1,142 @@
+"""The checks that involve more than one variable's syntax: files, formats, combinations (parse.py parses each
+variable). Called by parse.from_env, so every problem is reported with the others, in the same form. What needs
+a read of what the settings name (a model's files, DeepSpeed's config model, the GPUs) is checked above the
+settings, with them (controller/inputs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from .. import tracking
+from . import entries
+from .entries import looks_local
+from .fields import REPO_ID, Settings
+from .problems import bad
+from .times import parse_limit
+
+BRANCH = re.compile(r"^(?!.*\.\.)(?!.*//)[A-Za-z0-9][\w./-]*(?<![./])$")  # a git branch name, as the Hub takes one
+
+
+def check(s: Settings) -> list[str]:
+    """Checks that involve more than one variable's syntax: files, formats, combinations."""
+    problems = []
+    if s.max_steps == 0:
+        problems.append(bad("SFT_MAX_STEPS", 0, "expected -1 (full epochs) or a positive number of steps"))
+    problems += _check_source("SFT_MODEL", s.model, expect_dir=True)
+    problems += entries.settings_problems(s)
+    if s.ds_config is not None:
+        problems += _check_ds_config(s)
+    if s.gpus != "all" and not re.fullmatch(r"\d+(,\d+)*", s.gpus):
+        problems.append(bad("SFT_GPUS", s.gpus, "expected all, or GPU indices such as 0,1,2,3"))
+    elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
+        problems.append(bad("SFT_GPUS", s.gpus, "a GPU is listed twice"))
+    if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
+        problems.append(bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
+    if s.trainer_args is not None:
+        from ..ranks.trainer import trainer_args_problems  # TRL takes seconds to import: only when set
+
+        problems += trainer_args_problems(s.trainer_args)
+    if s.liger_kernels == "true" and not liger_available():
+        problems.append(bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
+                             "(the image has them): install them, or use auto or false"))
+    if s.attention == "flash_attention_4" and not flash_attention_4_installed():
+        problems.append(bad("SFT_ATTENTION", s.attention, "flash-attn-4 is not installed here (the image has it; "
+                             "`pip install flash-attn-4` on a host with a CUDA build of torch): install it, or use "
+                             "auto"))
+    if s.liger_kernels == "true" and s.compile == "true":
+        problems.append(bad("SFT_LIGER_KERNELS", "true", "not with SFT_COMPILE=true: compiled with Liger's kernels, "
+                             "training's loss was NaN from the third step on an H200 (docs/speed.md); set one of "
+                             "them to auto"))
+    problems += _check_output_dir(s.output_dir)
+    problems += service_problems(s)
+    return problems + sequence_parallel_problems(s)
+
+
+def liger_available() -> bool:  # also the machine's fact (controller/machine.py)
+    """liger-kernel and the Triton it compiles with are importable (found, not imported: Triton is slow)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
+
+
+def flash_attention_4_installed() -> bool:  # also the machine's fact (controller/machine.py)
+    """flash-attn-4's kernels and the CuTe DSL that compiles them are installed (found, not imported)."""
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("flash_attn.cute", "cutlass"))
+    except ModuleNotFoundError:  # no flash_attn package at all
+        return False
+
+
+def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
+    path = Path(os.path.expanduser(value))
+    if not looks_local(value):
+        if REPO_ID.match(value):
+            return []
+        return [bad(var, value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B")]
+    if not path.exists():
+        return [bad(var, value, "no such file or folder")]
+    if expect_dir and not (path / "config.json").is_file():
+        return [bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
+    return []
+
+
+def _check_ds_config(s: Settings) -> list[str]:
+    try:
+        config = s.user_ds_config
+    except FileNotFoundError:
+        return [bad("SFT_DS_CONFIG", s.ds_config, "no such file")]
+    except (OSError, json.JSONDecodeError) as e:
+        return [bad("SFT_DS_CONFIG", s.ds_config, f"not a readable JSON file ({e})")]
+    if not isinstance(config, dict) or "zero_optimization" not in config:
+        return [bad("SFT_DS_CONFIG", s.ds_config, "expected a DeepSpeed config with a zero_optimization section")]
+    return []
+
+
+def _check_output_dir(value: str) -> list[str]:
+    # Find the nearest folder that exists: the job creates the rest. Nothing is written here.
+    path = Path(os.path.expanduser(value)).absolute()
+    if path.exists() and not path.is_dir():
+        return [bad("SFT_OUTPUT_DIR", value, "exists and is not a folder")]
+    while not path.exists():
+        path = path.parent
+    if not os.access(path, os.W_OK | os.X_OK):
+        return [bad("SFT_OUTPUT_DIR", value, f"{path} is not writable (mount a writable folder there)")]
+    return []
+
+
+def service_problems(s: Settings) -> list[str]:
+    """Trackers, the budget and the time limit, the Hub branch: each named in one line."""
+    problems = [bad("SFT_REPORT_TO", s.report_to, why) for why in tracking.problems(s.report_to)]
+    if s.max_cost is not None and s.price_per_hour is None:
+        problems.append(bad("SFT_MAX_COST", s.max_cost, "needs SFT_PRICE_PER_HOUR, the machine's price per hour"))
+    if (s.max_hours is not None or s.max_cost is not None) and s.probe_steps == 0:
+        problems.append(bad("SFT_PROBE_STEPS", 0, "SFT_MAX_HOURS and SFT_MAX_COST are checked against the probe's "
+                             "projection: keep the probe (SFT_PROBE_STEPS above 0), or unset the cap"))
+    if s.time_limit is not None:
+        try:
+            parse_limit(s.time_limit, 0.0)
+        except ValueError as e:
+            problems.append(bad("SFT_TIME_LIMIT", s.time_limit, str(e)))
+    if s.hub_revision is not None and s.hub_repo is None:
+        problems.append(bad("SFT_HUB_REVISION", s.hub_revision, "needs SFT_HUB_REPO, the repo it is a branch of"))
+    elif s.hub_revision is not None and not BRANCH.match(s.hub_revision):
+        problems.append(bad("SFT_HUB_REVISION", s.hub_revision, "expected a branch name such as run-2 or exp/lr-1e-5"))
+    return problems
+
+
+def sequence_parallel_problems(s: Settings) -> list[str]:
+    """What a row split over N GPUs asks of the other settings, one line each (check reports them with the others; the machine and the model are checked by sequence_parallel)."""
+    n = s.sequence_parallel
+    if n in ("auto", 1):
+        return []
+    needs = ["SFT_PACKING=false: Ulysses attention over sdpa drops the mask that keeps packed conversations apart, "
+             "so they would attend to each other" if s.packing else "",
+             f"SFT_ATTENTION=auto or sdpa: DeepSpeed's Ulysses wraps sdpa, not {s.attention}"
+             if s.attention not in ("auto", "sdpa") else "",
+             f"an SFT_MAX_LENGTH that {n} divides: each GPU holds an equal share of a row" if s.max_length % n else ""]
+    return [f"SFT_SEQUENCE_PARALLEL='{n}': needs {need}" for need in needs if need]
