@@ -24,7 +24,7 @@ def test_plan_command_gives_the_seeds_advice(tmp_path, memory, choice):
                             "--gpu-memory", memory, "--host-memory", "1000", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout)
-    assert plan["choice"] == choice
+    assert plan["decision"]["stage"] == choice
     states = {o["option"]: o["model_states"] for o in plan["options"]}
     assert (states["2"], states["3"]) == (32.42, 19.48)  # DeepSpeed's own estimator, as the seed prints it
     assert {o["option"]: o["states_not_made"] for o in plan["options"]}["2"] == 3.81

@@ -10,9 +10,11 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from transformers import Qwen3Config
 
 from sft import stages
+from sft.controller.inputs import model_shape
 from sft.planner import memory, rules
 from sft.planner import plan as P
-from sft.planner.shape import ModelShape, model_shape
+from sft.planner.decide import none_fits
+from sft.planner.shape import ModelShape
 
 GIB = 2**30
 # Qwen3's published shapes (config.json on the Hub), written out so no download is needed.
@@ -64,6 +66,11 @@ def test_model_states_are_deepspeeds(shape, gpus, nodes):
         assert zero1.model_states == gpu2  # one GPU shards nothing
 
 
+def lowest_fitting(p: P.Plan) -> str | None:
+    """The option auto would take from these rows: the first in stages.PREFERENCE that fits (planner/decide.py)."""
+    return next((option for option in stages.PREFERENCE if p.row(option).fits), None)
+
+
 def test_model_shape_from_config_json(tmp_path):
     q8 = model_shape(_config_dir(tmp_path, "q8", QWEN3_8B))
     assert (q8.total_params, q8.largest_layer_params) == (Q8.total_params, Q8.largest_layer_params)
@@ -75,51 +82,51 @@ def test_model_shape_from_config_json(tmp_path):
 
 def test_plan_reads_a_model_folder(tmp_path):
     folder = _config_dir(tmp_path, "q8", QWEN3_8B)
-    from_folder = P.plan(folder, gpus_per_node=8, gpu_memory_gib=A100_80GB)
+    from_folder = P.plan_from_shape(model_shape(folder), gpus_per_node=8, gpu_memory_gib=A100_80GB)
     from_numbers = P.plan_from_shape(Q8, gpus_per_node=8, gpu_memory_gib=A100_80GB)
-    assert from_folder.rows == from_numbers.rows and from_folder.choice == "2"
+    assert from_folder.rows == from_numbers.rows and lowest_fitting(from_folder) == "2"
 
 
 @pytest.mark.parametrize("memory", [A100_80GB, 80.0])  # torch's and nvidia-smi's figures
 def test_seed_card_8x_a100_80gb_picks_zero2(memory):
     # the seed's recipe: micro-batch 1, accumulation 4, checkpointing
     p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True, grad_accum=4)
-    assert p.choice == "2"
+    assert lowest_fitting(p) == "2"
     assert p.row("1").fits  # ZeRO-1 fits too, but holds more for the same traffic
     # 0.46 GiB of it the LM head's 2,048 x 151,936 tiles kept for the backward, less TRL's one tile (+1% margin)
-    assert p.reason.startswith("ZeRO-2, the lowest option that fits: 44.19 GiB per GPU of ")
+    assert p.row("2").why.startswith("fits: 44.19 GiB per GPU of ")
     assert P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True, grad_accum=4,
-                             head_tiles_kept=False).reason.startswith("ZeRO-2, the lowest option that fits: 43.73 ")
+                             head_tiles_kept=False).row("2").why.startswith("fits: 43.73 ")
 
 
 @pytest.mark.parametrize("memory", [L40S_48GB, 44.99])
 def test_seed_card_8x_l40s_48gb_picks_zero3(memory):
     p = P.plan_from_shape(Q8, 8, memory, micro_batch=1, max_length=2048, gradient_checkpointing=True, grad_accum=4)
-    assert p.choice == "3"
+    assert lowest_fitting(p) == "3"
     assert not p.row("2").fits_gpu and "too big for the GPU" in p.row("2").why
 
 
 def test_only_offload_fits_a_small_gpu():
     p = P.plan_from_shape(Q8, 8, 16, host_memory_gib=256)
-    assert p.choice == "3-offload"
+    assert lowest_fitting(p) == "3-offload"
     assert [r.option for r in p.rows if r.fits] == ["3-offload", "3-offload-all"]
     p = P.plan_from_shape(Q4, 1, 10, host_memory_gib=128)
-    assert p.choice == "3-offload-all"
+    assert lowest_fitting(p) == "3-offload-all"
 
 
 def test_host_too_small_for_offload_means_nothing_fits():
     p = P.plan_from_shape(Q8, 8, 16, host_memory_gib=64)
-    assert p.choice is None
+    assert lowest_fitting(p) is None
     assert p.row("3-offload").fits_gpu and p.row("3-offload").fits_host is False
-    assert p.reason.startswith("nothing fits on 8 x 16 GiB with 64 GiB of host RAM")
+    assert none_fits(p).startswith("nothing fits on 8 x 16 GiB with 64 GiB of host RAM")
     # 12.43: 11.95 and 3% of the GPU (0.48 GiB) of the LM head's tiles kept for the backward, as it has room
     assert ("ZeRO-3-offload: fits the GPU, 12.43 GiB per GPU of 14.40 allowed (16 less 10% kept free), but needs "
-            "183.08 GiB of host RAM per node (DeepSpeed's estimate), 64 available") in p.reason
+            "183.08 GiB of host RAM per node (DeepSpeed's estimate), 64 available") in none_fits(p)
 
 
 def test_host_not_given_is_not_checked():
     p = P.plan_from_shape(Q8, 8, 16)
-    assert p.choice == "3-offload" and p.row("3-offload").fits_host is None
+    assert lowest_fitting(p) == "3-offload" and p.row("3-offload").fits_host is None
     assert "host RAM not given, not checked" in p.row("3-offload").why
 
 
@@ -127,9 +134,9 @@ def test_host_not_given_is_not_checked():
 def test_json_shape(one_pass):
     p = P.plan_from_shape(Q8, 8, A100_80GB, host_memory_gib=1000, one_pass_step=one_pass)
     d = json.loads(p.to_json())
-    assert set(d) == {"model", "setup", "options", "choice", "reason", "split"}
+    assert set(d) == {"model", "setup", "options", "split"}
     assert d["split"] == 8 and d["setup"]["sequence_parallel"] == 1  # 32 heads, 8 key/value: rows split over 8
-    assert d["choice"] == "2" and d["model"]["total_params"] == 8_190_735_360
+    assert d["model"]["total_params"] == 8_190_735_360
     assert d["setup"]["gpu_budget"] == 71.32  # 79.25 GiB less 10% kept free
     assert [o["option"] for o in d["options"]] == ["1", "2", "3", "3-offload", "3-offload-all"]
     sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin", "peak",
@@ -297,7 +304,7 @@ def test_format_table():
     zero2 = next(line for line in lines if line.startswith("ZeRO-2 "))
     assert zero2.split()[1] == "32.42" and zero2.endswith("no")
     assert next(line for line in lines if line.startswith("ZeRO-3 ")).split()[1] == "19.48"
-    assert "choice: ZeRO-3" in lines
+    assert not any(line.startswith("choice") for line in lines)  # the stage is the decision's (one choice line)
 
 
 def test_activation_formula_against_the_h200_measurement(monkeypatch):
@@ -330,8 +337,8 @@ def test_the_longest_row_each_way_of_keeping_it():
         setup = replace(p.setup, micro_batch=1)
         for r in p.rows:
             stage = stages.get(r.option)
-            # as the plan takes it: the shipped config, overlap_comm off at one rank (planner/rules.py)
-            config = rules.overlap_comm(stages.shipped_config(r.option), stage, p.setup.gpus_per_node, False)[0]
+            # as the plan takes it: the shipped config, overlap_comm off at one rank (sft/stages.py)
+            config = stages.overlap_comm(stages.shipped_config(r.option), stage, p.setup.gpus_per_node, False)[0]
             for tokens, ckpt, offload, n in ((r.longest_row_checkpointed, True, False, 1),
                                              (r.longest_row_offloaded, True, True, 1),
                                              (r.longest_row_split, True, True, p.split)):
@@ -397,5 +404,5 @@ def test_the_lm_heads_kept_tiles_take_only_memory_left_free(gpus, memory_gib, kw
             assert a.peak <= kept.setup.gpu_budget and a.peak >= b.peak
         else:
             assert a.head_kept == 0
-    assert kept.choice == recomputed.choice
+    assert lowest_fitting(kept) == lowest_fitting(recomputed)
     assert any(r.head_kept for r in kept.rows)

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import checkpoints, exitcodes, nodes
 from ..settings.entries import looks_local
 from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine
-from ..planner.shape import ModelShape, model_shape
+from ..planner.shape import ModelShape
 from ..settings import REPO_ID, Settings
 from . import revisions
 
@@ -54,6 +54,32 @@ def shape_of(model: str, revision: str | None = None) -> ModelShape:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): check the name or path, "
                         "the network, and HF_HUB_OFFLINE", exitcodes.BAD_SETTINGS) from None
+
+
+def model_shape(model: str, revision: str | None = None) -> ModelShape:
+    """Read a model's config.json (folder or Hub name) and count its parameters on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model, revision=revision)
+    with torch.device("meta"):  # shapes only: no memory, no weights downloaded
+        net = AutoModelForCausalLM.from_config(cfg)
+    named = list(net.named_parameters())  # tied weights appear once
+    text = cfg.get_text_config()
+    heads = text.num_attention_heads
+    return ModelShape(
+        name=model,
+        total_params=sum(p.numel() for _, p in named),
+        largest_layer_params=max(p.numel() for _, p in named),
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_layers=text.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        vocab_size=text.vocab_size,
+        qk_norm=any(n.endswith("q_norm.weight") for n, _ in named),
+    )
 
 
 def problems(s: Settings, finders: Sequence[Finder]) -> list[str]:

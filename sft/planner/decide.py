@@ -188,9 +188,17 @@ def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any],
                 p = _plan(inputs, at, split)
                 return stage, config, f"auto: {stage.label}, the lowest option that {p.row(name).why}", split
         p = _plan(inputs, d, _levels(inputs, d)[-1])
-        raise CannotRun(f"no ZeRO option fits this machine: {p.reason}", exitcodes.PREFLIGHT, p)
+        raise CannotRun(f"no ZeRO option fits this machine: {none_fits(p)}", exitcodes.PREFLIGHT, p)
     at = _at_stage(inputs, d, stage, config)
     return stage, config, why, _fitting_level(inputs, at) or _levels(inputs, d)[-1]
+
+
+def none_fits(p: Plan) -> str:
+    """Why no option of the plan can run: each one's reason."""
+    s = p.setup
+    gpus = f"{s.total_gpus} x {s.gpu_memory_gib:g} GiB"
+    host = "" if s.host_memory_gib is None else f" with {s.host_memory_gib:g} GiB of host RAM"
+    return f"nothing fits on {gpus}{host}: " + " | ".join(f"{stages.get(r.option).label}: {r.why}" for r in p.rows)
 
 
 def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any]) -> Decision:
@@ -199,7 +207,7 @@ def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, An
     compiled, why_compile = rules.compile_model(s, d.ranks, stage, d.sequence_parallel)
     liger, why_liger = rules.liger(s, d.ranks, m, compiled)
     attention, why_attention = rules.attention(s, d.ranks, m, d.sequence_parallel, compiled)
-    config, why_overlap = rules.overlap_comm(config, stage, d.ranks.world, inputs.user_config is not None)
+    config, why_overlap = stages.overlap_comm(config, stage, d.ranks.world, inputs.user_config is not None)
     return _replace(d, stage=stage, ds_config=config, compile=compiled, liger=liger, attention=attention,
                     reasons={**d.reasons, "compile": why_compile, "liger": why_liger, "attention": why_attention,
                              "overlap_comm": why_overlap})

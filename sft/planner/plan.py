@@ -1,6 +1,6 @@
-"""The memory plan: every ZeRO option's predicted peak per GPU for one machine and batch, and the option
-that fits: the first in stages.PREFERENCE whose peak fits the GPU with GPU_FREE_FRACTION kept free and
-whose host memory (offload only) fits the host. The terms are in memory.py."""
+"""The memory plan: every ZeRO option's predicted peak per GPU for one machine and batch, and whether it fits:
+its peak the GPU with GPU_FREE_FRACTION kept free, and its host memory (offload only) the host. It estimates and
+chooses nothing: the stage is the decision's (decide.py). The terms are in memory.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 from .. import stages
 from ..stages import Stage
 from ..units import GIB, gib
-from . import memory, rules
-from .shape import ModelShape, model_shape
+from . import memory
+from .shape import ModelShape
 
 GPU_FREE_FRACTION = 0.10  # keep this much of each GPU free: the plan is an estimate
 BYTE_FIELDS = ("model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin",
@@ -92,13 +92,11 @@ class Row:
 
 @dataclass(frozen=True)
 class Plan:
-    """Every option's row and the choice (None when nothing fits, with the reason)."""
+    """Every option's row, for one machine and batch."""
 
     shape: ModelShape
     setup: Setup
     rows: tuple[Row, ...]
-    choice: str | None
-    reason: str
     split: int = 1  # the most GPUs of a node a row can be split over here (longest_row_split's)
 
     def row(self, option: str) -> Row:
@@ -110,8 +108,7 @@ class Plan:
         rows = [{**{k: gib(v) if k in BYTE_FIELDS else v for k, v in asdict(r).items()}, "fits": r.fits}
                 for r in self.rows]
         setup = {**asdict(self.setup), "gpu_budget": gib(self.setup.gpu_budget)}
-        return {"model": asdict(self.shape), "setup": setup, "options": rows,
-                "choice": self.choice, "reason": self.reason, "split": self.split}
+        return {"model": asdict(self.shape), "setup": setup, "options": rows, "split": self.split}
 
     def to_json(self) -> str:
         """The plan as JSON text (see to_dict)."""
@@ -213,19 +210,6 @@ def longest_rows(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
             else None}
 
 
-def choose(rows: tuple[Row, ...], setup: Setup) -> tuple[str | None, str]:
-    """The first option in PREFERENCE order that fits, and the reason; (None, why not) if none fits."""
-    by_option = {r.option: r for r in rows}
-    for option in stages.PREFERENCE:
-        r = by_option.get(option)
-        if r is not None and r.fits:
-            return option, f"{stages.get(option).label}, the lowest option that {r.why}"
-    gpus = f"{setup.total_gpus} x {setup.gpu_memory_gib:g} GiB"
-    host = "" if setup.host_memory_gib is None else f" with {setup.host_memory_gib:g} GiB of host RAM"
-    return None, f"nothing fits on {gpus}{host}: " + " | ".join(
-        f"{stages.get(r.option).label}: {r.why}" for r in rows)
-
-
 def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float, nodes: int = 1,
                     micro_batch: int = 1, max_length: int = 2048, gradient_checkpointing: bool = True,
                     host_memory_gib: float | None = None,
@@ -250,21 +234,14 @@ def plan_from_shape(shape: ModelShape, gpus_per_node: int, gpu_memory_gib: float
     split = max(shape.sequence_parallel_degrees(gpus_per_node), default=1)
     rows = []
     for s in stages.TABLE:
-        config = configs.get(s.name) or rules.overlap_comm(stages.shipped_config(s.name), s, gpus_per_node * nodes,
+        config = configs.get(s.name) or stages.overlap_comm(stages.shipped_config(s.name), s, gpus_per_node * nodes,
                                                            False)[0]
         rows.append(replace(estimate_row(s, shape, setup, config), **longest_rows(s, shape, setup, config, split)))
-    rows = tuple(rows)
-    choice, reason = choose(rows, setup)
-    return Plan(shape=shape, setup=setup, rows=rows, choice=choice, reason=reason, split=split)
+    return Plan(shape=shape, setup=setup, rows=tuple(rows), split=split)
 
 
 def _tokens(n: int | None) -> str:
     return "-" if n is None else "none" if n == 0 else f"{n // 1024:,}K" if n >= 1024 else str(n)
-
-
-def plan(model: str, gpus_per_node: int, gpu_memory_gib: float, **kwargs: Any) -> Plan:
-    """Plan for a model folder or Hub name (reads config.json only); kwargs as plan_from_shape's."""
-    return plan_from_shape(model_shape(model), gpus_per_node, gpu_memory_gib, **kwargs)
 
 
 def format_table(p: Plan) -> str:
@@ -300,8 +277,7 @@ def format_table(p: Plan) -> str:
               *([f"logits: up to {gib(kept):.2f} GiB of it the LM head's tiles kept for its backward, where the "
                  "option has room"] if kept else []),
               "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
-              "", *_longest_rows_table(p),
-              "", f"choice: {stages.get(p.choice).label if p.choice else 'none'}", p.reason]
+              "", *_longest_rows_table(p)]
     return "\n".join(lines)
 
 

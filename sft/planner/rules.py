@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -168,18 +168,6 @@ def compile_model(s: Settings, ranks: Ranks, stage: Stage, sequence_parallel: in
     return True, ("on, auto on GPUs with ZeRO-1 and 2: each decoder layer compiled once, Liger's kernels off "
                   "(an H200 trained 18% faster so: 15,172 against 12,882 tokens/s, the same loss); its first "
                   "steps compile, and the probe counts them")
-
-
-def overlap_comm(config: Mapping[str, Any], stage: Stage, world: int, users: bool) -> tuple[Mapping[str, Any], str]:
-    """The shipped ZeRO-1/2 configs overlap the gradients' reduction with the backward (overlap_comm), for which
-    DeepSpeed 0.19.8 synchronises the device before each gradient bucket and at the backward's end: the host waits
-    for the GPU's queue about 20 times a step (reads.py says what such a wait costs). One rank reduces nothing, so
-    it is off there (in the plan's rows too). A user's file is left as it is."""
-    zero = config.get("zero_optimization") or {}
-    if users or world > 1 or stage.zero not in (1, 2) or not zero.get("overlap_comm"):
-        return config, "as the config says"
-    config = {**config, "zero_optimization": {**zero, "overlap_comm": False}}
-    return config, "off: one rank has no gradients to reduce while the backward runs"
 
 
 def sequence_parallel(s: Settings, ranks: Ranks, shape: ModelShape,

@@ -1,4 +1,4 @@
-"""The numbers of a model the planner needs, read from its config.json (no weights)."""
+"""The numbers of a model the planner needs (controller/inputs.py reads them from its config.json)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The numbers of a model the planner needs; build one by hand or with model_shape()."""
+    """The numbers of a model the planner needs; build one by hand or with controller/inputs.py::model_shape."""
 
     name: str
     total_params: int  # counted once, tied embeddings included once
@@ -30,29 +30,3 @@ class ModelShape:
     def sequence_parallel_degrees(self, gpus: int) -> tuple[int, ...]:
         """Every n > 1 over which rows can be split on a node of `gpus` GPUs (n divides them), smallest first."""
         return tuple(n for n in range(2, gpus + 1) if gpus % n == 0 and self.splits_heads(n))
-
-
-def model_shape(model: str, revision: str | None = None) -> ModelShape:
-    """Read a model's config.json (folder or Hub name) and count its parameters on the meta device."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(model, revision=revision)
-    with torch.device("meta"):  # shapes only: no memory, no weights downloaded
-        net = AutoModelForCausalLM.from_config(cfg)
-    named = list(net.named_parameters())  # tied weights appear once
-    text = cfg.get_text_config()
-    heads = text.num_attention_heads
-    return ModelShape(
-        name=model,
-        total_params=sum(p.numel() for _, p in named),
-        largest_layer_params=max(p.numel() for _, p in named),
-        hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
-        num_layers=text.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        vocab_size=text.vocab_size,
-        qk_norm=any(n.endswith("q_norm.weight") for n, _ in named),
-    )
