@@ -12,6 +12,7 @@ with the SFT_* ones (sft/settings.py), before anything runs.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -143,3 +144,10 @@ def _port(name: str, raw: str, problems: list[str]) -> int | None:
         problems.append(f"{name}={raw!r}: expected a port number from 1 to 65534")
         return None
     return int(raw)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (a one-node job's rendezvous, the all-reduce test's)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

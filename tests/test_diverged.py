@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from conftest import DEMO_MODEL, REPO, clean_environ, demo_env, read_summary, run_entrypoint
-from sft.controller.launch import free_port
+from sft.nodes import free_port
 
 
 @pytest.fixture

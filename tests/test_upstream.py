@@ -61,7 +61,7 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
     import sys
 
     from conftest import REPO, clean_environ
-    from sft.controller.launch import free_port
+    from sft.nodes import free_port
 
     port, logs = free_port(), [tmp_path / f"rank{r}.log" for r in range(world)]
     # each rank's output to a file: a pipe not read while the test waits on another rank could fill and block it
@@ -95,7 +95,7 @@ def test_the_zero_step_in_one_pass_is_deepspeeds(world, fused, stage, tmp_path):
     import sys
 
     from conftest import REPO, clean_environ
-    from sft.controller.launch import free_port
+    from sft.nodes import free_port
 
     port, logs = free_port(), [tmp_path / f"rank{r}.log" for r in range(world)]
     ranks = []

@@ -10,34 +10,24 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..console import say
 from ..handoff import RunSpec
 from ..lifeline import die_with_parent
-from ..nodes import Nodes
+from ..nodes import Nodes, free_port
 from ..planner.inputs import Ranks
 from ..settings import Settings
-
-if TYPE_CHECKING:
-    from .standby import Standby
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RANK_PROGRAM = "sft.ranks.train"  # what the launcher starts on every rank
 AHEAD_PROGRAM = "sft.ranks.attention_ahead"  # FlashAttention-4's kernels, compiled while the ranks start
 # After the grace period: SIGTERM to the launcher's group, then SIGKILL this many seconds later.
 KILL_AFTER_SECONDS = 15
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def command(s: Settings, ranks: Ranks, nodes: Nodes, port: int, module: str, *args: str) -> list[str]:
@@ -140,11 +130,21 @@ def _visible_devices(gpus: tuple[int, ...]) -> str:
     return ",".join(map(str, gpus))
 
 
+class Waiting(Protocol):
+    """Ranks started before the decision, waiting for a spec (standby.py): a launch takes them over."""
+
+    cmd: list[str]
+
+    def hand_over(self, spec_path: Path, spec: RunSpec | None, env: dict[str, str]
+                  ) -> tuple[subprocess.Popen, subprocess.Popen | None]:
+        """They run `spec_path` from now: (the launcher's process, FlashAttention-4's process if one runs)."""
+
+
 class Launch:
     """One run of the ranks; `stop()` asks them to save and stop, then enforces the grace period."""
 
     def __init__(self, s: Settings, ranks: Ranks, spec_path: Path, stop_file: Path, nodes: Nodes = Nodes(),
-                 standby: Standby | None = None):
+                 standby: Waiting | None = None):
         self.settings, self.ranks, self.stop_file, self.spec_path = s, ranks, stop_file, spec_path
         self.standby = standby  # ranks started before the decision, which this launch takes over
         self.cmd = standby.cmd if standby else command(s, ranks, nodes, nodes.master_port or free_port(),

@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..nodes import free_port
 from ..planner.inputs import GPU, Machine, Ranks
 from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
 from ..settings.checks import flash_attention_4_installed, liger_available
-from .launch import free_port
 
 ALLREDUCE_BYTES = 256 * 2**20
 

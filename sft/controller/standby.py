@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..console import say
 from ..handoff import RunSpec, StandbyFolder, Start, write_json
-from ..nodes import Nodes
+from ..nodes import Nodes, free_port
 from ..planner.inputs import CannotRun, Machine, Ranks
 from ..planner.rules import choose_ranks
 from ..settings import Settings
@@ -47,7 +47,7 @@ class Standby:
         self.folder = StandbyFolder(Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX)))
         self.alive, self.ahead, self.proc = -1, None, None
         self.compile_cache = launch.compile_cache(s)
-        self.cmd = launch.command(s, ranks, nodes, nodes.master_port or launch.free_port(), PROGRAM,
+        self.cmd = launch.command(s, ranks, nodes, nodes.master_port or free_port(), PROGRAM,
                                   launch.RANK_PROGRAM, str(self.folder.ranks))
         try:
             # Held while this process lives: a process whose controller died (even before it could set its own
