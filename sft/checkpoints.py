@@ -1,8 +1,11 @@
-"""Which checkpoints in the output folder are complete, and which one a new start resumes from."""
+"""Which checkpoints in the output folder are complete, which one a new start resumes from, and what they take on
+its disk."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 from .console import say
@@ -81,3 +84,23 @@ def torn(output_dir: Path) -> list[Path]:
             break
         found.append(checkpoint)
     return found
+
+
+def free_disk(output_dir: str) -> int:
+    """Free bytes on the filesystem that will hold output_dir (its nearest existing parent)."""
+    path = Path(output_dir).resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes a folder takes on its disk (allocated blocks, as du counts them), its subfolders included."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue  # removed while counted (the Trainer rotating checkpoints)
+    return total

@@ -16,7 +16,7 @@ import torch
 
 from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses, tmpfs
 from sft import checkpoints, exitcodes
-from sft.controller.machine import folder_bytes
+from sft.checkpoints import folder_bytes
 from sft.planner import disk
 
 pytestmark = pytest.mark.slow

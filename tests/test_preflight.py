@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import tmpfs
+from sft import checkpoints
 from sft.controller import machine as m
 from sft.controller import preflight as pf
+from sft.planner import disk
 from sft.planner.inputs import GPU, Machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,7 +159,7 @@ def test_small_shm_fails_with_several_gpus(tiny_tmpfs):
 
 def test_full_disk_fails(tiny_tmpfs):
     out = str(tiny_tmpfs / "out" / "run")  # not made yet: measured on its nearest existing parent
-    free = m.free_disk(out)
+    free = checkpoints.free_disk(out)
     assert free <= 2**20
     c = pf.check_disk(free, out, total_params=10_000_000, save_total_limit=2)
     assert c.status == "fail"
@@ -188,14 +190,14 @@ def test_a_checkpoints_real_size_against_the_room_left(tiny_tmpfs):
     checkpoint = tiny_tmpfs / "out" / "checkpoint-20"
     checkpoint.mkdir(parents=True)
     (checkpoint / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 300_000)
-    size = m.folder_bytes(checkpoint.parent)
+    size = checkpoints.folder_bytes(checkpoint.parent)
     assert 300_000 <= size <= 300_000 + 3 * 4096  # allocated blocks, as du counts them
-    free = m.free_disk(str(checkpoint))
+    free = checkpoints.free_disk(str(checkpoint))
     assert free < 2**20 - 300_000
-    short = pf.check_room(size, free, kept=1, save_total_limit=2, saves_left=3, final_bytes=200_000)
-    assert short.status == "fail" and "the disk would fill before the run ends, so it stops now" in short.message
-    last = pf.check_room(size, free, kept=1, save_total_limit=2, saves_left=1, final_bytes=200_000)
-    assert last.status == "ok" and "(1 more checkpoint(s) at once and the 0.0002 GB final model)" in last.message
+    fits, message = disk.room_after_save(size, free, kept=1, save_total_limit=2, saves_left=3, final_bytes=200_000)
+    assert not fits and "the disk would fill before the run ends, so it stops now" in message
+    fits, message = disk.room_after_save(size, free, kept=1, save_total_limit=2, saves_left=1, final_bytes=200_000)
+    assert fits and "(1 more checkpoint(s) at once and the 0.0002 GB final model)" in message
 
 
 def test_host_memory_capped_by_the_container(tmp_path):

@@ -23,7 +23,6 @@ import secrets
 import sys
 import time
 from datetime import timedelta
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,14 +33,14 @@ from ..nodes import Nodes
 from ..planner.inputs import Ranks
 from ..settings import Settings, env_name
 from .heartbeat import Heartbeat
-from .launch import REPO_ROOT, Launch, Stopper
+from ..version import code_version, versions
+from .launch import Launch, Stopper
 
 POLL_S = 0.2  # how often a waiting controller looks at the store (and lets a signal handler run)
 HEARTBEAT_S = 2.0
 SILENT_S = 3 * HEARTBEAT_S  # no heartbeat for this long: the node's controller is gone
 BYE_S = 30.0  # at the end, how long node 0 keeps its store up for the others to read the exit code
 MARKER = "nodes-shared-check.json"  # under OUTPUT/run/
-LIBRARIES = ("torch", "deepspeed", "transformers", "trl", "accelerate")
 
 
 class NodesFailed(Exception):
@@ -246,26 +245,6 @@ def identity(s: Settings, ranks: Ranks) -> dict[str, Any]:
     settings = s.to_dict()
     return {"settings": settings, "settings_sha256": _sha256(json.dumps(settings, sort_keys=True, default=str)),
             "code_sha256": code_version(), "versions": versions(), "ranks": ranks.count}
-
-
-def code_version() -> str:
-    """sha256 over the job's own files: the image's code, whatever tag it was pulled by."""
-    files = [REPO_ROOT / "entrypoint.py", *(REPO_ROOT / "sft").rglob("*.py"),
-             *(REPO_ROOT / "ds_configs").glob("*.json")]
-    digest = hashlib.sha256()
-    for path in sorted(p for p in files if p.is_file()):
-        digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def versions() -> dict[str, str]:
-    found = {"python": sys.version.split()[0]}
-    for name in LIBRARIES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "absent"
-    return found
 
 
 def differences(mine: dict[str, Any], others: dict[int, dict[str, Any]]) -> str | None:

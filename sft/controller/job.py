@@ -358,7 +358,7 @@ def failed_save(out: Path) -> None:
     """After a failed training: say so when the disk is full, and remove the checkpoints the failure tore
     (a resume never trusts them; gone, they give the summary room)."""
     newest = checkpoints.latest_complete(out)
-    size, free = (machine.folder_bytes(newest) if newest else None), machine.free_disk(str(out))
+    size, free = (checkpoints.folder_bytes(newest) if newest else None), checkpoints.free_disk(str(out))
     if disk.full_after_failure(free, size):
         say(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free, less than one checkpoint: "
               f"{size / 1e9:.3g} GB), so the save failed: free space or mount a larger volume")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints import free_disk
 from ..nodes import free_port
 from ..planner.inputs import GPU, Machine, Ranks
 from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
@@ -214,26 +215,6 @@ def host_memory_available(meminfo: str = "/proc/meminfo",
         if raw.isdigit():
             available = min(available, int(raw))
     return available
-
-
-def free_disk(output_dir: str) -> int:
-    """Free bytes on the filesystem that will hold output_dir (its nearest existing parent)."""
-    path = Path(output_dir).resolve()
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
-
-
-def folder_bytes(path: Path) -> int:
-    """Bytes a folder takes on its disk (allocated blocks, as du counts them), its subfolders included."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:
-                continue  # removed while counted (the Trainer rotating checkpoints)
-    return total
 
 
 def nvidia_smi_topo() -> str | None:

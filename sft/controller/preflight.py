@@ -175,13 +175,6 @@ def check_disk(free: int, output_dir: str, total_params: int | None, save_total_
     return Check("disk", OK, f"{shown}, needs {needed / GB:.1f} GB for {what}", data)
 
 
-def check_room(checkpoint_bytes: int, free: int, kept: int, save_total_limit: int, saves_left: int,
-               final_bytes: int) -> Check:
-    """After a save (in rank 0): the checkpoint's real size against the room the rest of the run needs."""
-    fits, message = disk.room_after_save(checkpoint_bytes, free, kept, save_total_limit, saves_left, final_bytes)
-    return Check("disk", OK if fits else FAIL, message, {"checkpoint_bytes": checkpoint_bytes, "free_bytes": free})
-
-
 # --- Links between GPUs
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoints, exitcodes
+from ..checkpoints import folder_bytes, free_disk
 from ..planner.reshard import Reshard, ranks
-from .machine import folder_bytes, free_disk
 from .output import Paths
 
 FOLDER = "resharded"

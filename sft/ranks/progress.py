@@ -171,10 +171,10 @@ class ProgressCallback(TrainerCallback):
         later save (the controller then exits 3)."""
         self._saved(args, state)
         if state.is_world_process_zero:
-            check = room_after(args, state, kwargs["model"])
-            print(f"[rank 0] disk after checkpoint-{state.global_step}: {check.message}", flush=True)
-            if check.status == "fail":
-                self.report.stop_reason = check.message
+            fits, message = room_after(args, state, kwargs["model"])
+            print(f"[rank 0] disk after checkpoint-{state.global_step}: {message}", flush=True)
+            if not fits:
+                self.report.stop_reason = message
                 self.stop.requested = True
         if self.stop.agreed():  # every rank takes part: one rank's verdict stops them all
             control.should_training_stop = True
@@ -214,16 +214,14 @@ class ProgressCallback(TrainerCallback):
         self._written = now
 
 
-def room_after(args, state, model):
-    """The newest checkpoint's real size against the room the rest of the run needs (a preflight Check)."""
-    from ..checkpoints import all_checkpoints
-    from ..controller.machine import folder_bytes, free_disk
-    from ..controller.preflight import check_room
+def room_after(args, state, model) -> tuple[bool, str]:
+    """The newest checkpoint's real size against the room the rest of the run needs: (fits, why)."""
+    from ..checkpoints import all_checkpoints, folder_bytes, free_disk
     from ..planner import disk
 
     out = Path(args.output_dir)
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
-    return check_room(folder_bytes(out / f"checkpoint-{state.global_step}"), free_disk(str(out)),
+    return disk.room_after_save(folder_bytes(out / f"checkpoint-{state.global_step}"), free_disk(str(out)),
                       len(all_checkpoints(out)), args.save_total_limit,
                       disk.saves_left(state.global_step, state.max_steps, args.save_steps),
                       params * disk.weight_bytes(args.bf16))
