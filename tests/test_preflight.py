@@ -194,9 +194,9 @@ def test_a_checkpoints_real_size_against_the_room_left(tiny_tmpfs):
     assert 300_000 <= size <= 300_000 + 3 * 4096  # allocated blocks, as du counts them
     free = checkpoints.free_disk(str(checkpoint))
     assert free < 2**20 - 300_000
-    fits, message = disk.room_after_save(size, free, kept=1, save_total_limit=2, saves_left=3, final_bytes=200_000)
+    fits, message = disk.room_after_save(size, free, kept=1, save_total_limit=2, left=3, final_bytes=200_000)
     assert not fits and "the disk would fill before the run ends, so it stops now" in message
-    fits, message = disk.room_after_save(size, free, kept=1, save_total_limit=2, saves_left=1, final_bytes=200_000)
+    fits, message = disk.room_after_save(size, free, kept=1, save_total_limit=2, left=1, final_bytes=200_000)
     assert fits and "(1 more checkpoint(s) at once and the 0.0002 GB final model)" in message
 
 
