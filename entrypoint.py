@@ -49,14 +49,10 @@ def deepspeed_logs_to_stderr() -> None:
         import deepspeed  # noqa: F401
 
 
-def load_settings(finders=()) -> Settings:
+def load_settings(finders) -> Settings:
     """Settings from the environment and the inputs they name (controller/inputs.py's finders), or exit 2
     listing every problem of both at once, before anything is written."""
-    try:
-        s, problems = from_env(), []
-    except SettingsError as e:
-        s, problems = e.settings, list(e.problems)
-    problems += checks.problems(s, finders)
+    s, problems = checks.checked(finders)
     if problems:
         click.echo(refusal("settings are", problems), err=True)
         sys.exit(exitcodes.BAD_SETTINGS)
@@ -177,7 +173,7 @@ def config() -> None:
     found = machine.measure(s.output_dir).machine
     d = decided_or_exit(inputs_or_exit(s, found, data_or_exit(s, found).facts))
     spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
-    args = trainer_arguments(spec, d.ranks.on_gpu, in_rank=False)
+    args = trainer_arguments(spec, in_rank=False)
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
     # DeepSpeed's train_batch_size counts data-parallel ranks: world / the GPUs that share each row
     filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world // d.sequence_parallel,
@@ -229,7 +225,7 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
     from sft.data.tokens import Labeller
     from sft.planner import data as data_rules
 
-    s = load_settings()
+    s = load_settings(checks.ALWAYS)
     deepspeed_logs_to_stderr()
     found = data_or_exit(s, machine.measure(s.output_dir).machine)
     click.echo("\n".join(found.notes))

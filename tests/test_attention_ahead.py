@@ -25,11 +25,11 @@ from sft.settings import Settings
 ON_GPU = Ranks(count=1, gpus=(0,))
 
 
-def spec_of(tmp_path, **changes) -> RunSpec:
-    d = decided(machine=dataclasses.replace(ONE_H200, flash_attention_4_installed=True))
-    s = Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), max_length=64, micro_batch=2)
-    spec = make_spec(s, d, Paths(s.output_path), "probe", s.output_path, 5)
-    return dataclasses.replace(spec, **changes)
+def spec_of(tmp_path, **settings) -> RunSpec:
+    s = Settings(**{"model": str(DEMO_MODEL), "output_dir": str(tmp_path / "out"), "max_length": 64, "micro_batch": 2,
+                    **settings})
+    d = decided(machine=dataclasses.replace(ONE_H200, flash_attention_4_installed=True), **dataclasses.asdict(s))
+    return make_spec(s, d, Paths(s.output_path), "probe", s.output_path, 5)
 
 
 def test_the_spec_names_the_lock_where_flash_attention_4_runs(tmp_path):

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .. import checkpoints, exitcodes, nodes
 from ..settings.entries import looks_local
 from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine
 from ..planner.shape import ModelShape
-from ..settings import REPO_ID, Settings
+from ..settings import REPO_ID, Settings, SettingsError, from_env
 from . import revisions
 
 Finder = Callable[[Settings], list[str]]
@@ -85,6 +85,16 @@ def model_shape(model: str, revision: str | None = None) -> ModelShape:
 def problems(s: Settings, finders: Sequence[Finder]) -> list[str]:
     """Every problem the finders see, in their order."""
     return [problem for find in finders for problem in find(s)]
+
+
+def checked(finders: Sequence[Finder], environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
+    """The settings from the environment, and every problem of theirs and of what they name that the finders see
+    (a value that does not parse keeps its default for the finders, so one typo hides nothing)."""
+    try:
+        s, found = from_env(environ), []
+    except SettingsError as e:
+        s, found = e.settings, list(e.problems)
+    return s, found + problems(s, finders)
 
 
 # --- the finders
@@ -205,8 +215,38 @@ def hub_online(s: Settings) -> list[str]:
     return [f"SFT_HUB_REPO={s.hub_repo!r} but HF_HUB_OFFLINE=1 forbids the Hub: unset one of them"]
 
 
+def trainer_args(s: Settings) -> list[str]:
+    """SFT_TRAINER_ARGS's arguments as TRL's SFTConfig reads them, none of the job's own (planner/arguments.py; the
+    settings checked that it is a JSON object)."""
+    import dataclasses
+    import difflib
+
+    from ..planner.arguments import OWNED
+    from ..settings.checks import shown_trainer_args
+
+    try:
+        args = s.extra_trainer_args
+    except ValueError:
+        return []  # the settings named it already
+    if not isinstance(args, dict) or not args:
+        return []
+    from trl import SFTConfig  # seconds to import: only when there is something to check
+
+    shown, known = shown_trainer_args(s.trainer_args or ""), {f.name for f in dataclasses.fields(SFTConfig)}
+    problems = []
+    for name in args:
+        if name in OWNED:
+            problems.append(f"SFT_TRAINER_ARGS={shown!r}: {name} is set by the job: use {OWNED[name]}")
+        elif name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
+            problems.append(f"SFT_TRAINER_ARGS={shown!r}: {name}: unknown argument ({hint})")
+    return problems
+
+
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
-DECIDING: tuple[Finder, ...] = (ds_file,)
+ALWAYS: tuple[Finder, ...] = (trainer_args,)
+DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
 CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template, ranks, split_rows)
 JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
 

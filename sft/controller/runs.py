@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..events import EVENTS_FILE, EventLog
 from ..handoff import RankReport, RunSpec, Verdict, write_json
+from ..planner.arguments import Run, arguments
 from ..planner.budget import Overheads
 from ..planner.decide import Decision
 from ..settings import Settings
@@ -123,18 +124,11 @@ class Held:
 def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Path, max_steps: int,
               resume: Path | None = None, ds_config: str = "", hold_at: int = 0) -> RunSpec:
     """The settings and the decision, as the ranks read them (writes nothing)."""
+    trainer = arguments(Run(s, d, mode, str(output_dir), max_steps, ds_config))
     return RunSpec(
-        mode=mode, model=s.model, data=d.data, max_length=s.max_length,
-        packing=s.packing, epochs=s.epochs, max_steps=max_steps, learning_rate=s.learning_rate,
-        save_steps=s.save_steps, save_total_limit=s.save_total_limit, logging_steps=s.logging_steps,
-        seed=s.seed, bf16=d.bf16, attention=d.attention, liger_kernels=d.liger, compile=d.compile,
-        micro_batch=d.split.micro_batch, grad_accum=d.split.grad_accum,
-        gradient_checkpointing=d.split.gradient_checkpointing, offload_activations=d.split.offload_activations,
-        trainer_args=s.extra_trainer_args, node_timeout_seconds=s.node_timeout_seconds,
-        stage=d.stage.name, ds_config=ds_config, output_dir=str(output_dir),
-        report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
-        record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_name=s.run_name,
-        run_dir=str(paths.run), model_revision=d.model_revision, chat_template=s.chat_template,
+        mode=mode, model=s.model, data=d.data, trainer=trainer, stage=d.stage.name, attention=d.attention,
+        compile=d.compile, report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
+        record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_dir=str(paths.run),
         sequence_parallel=d.sequence_parallel, head_tiles_kept_bytes=d.row.head_kept, hold_at=hold_at,
         verdict_file=str(paths.verdict_file) if hold_at else "",
         attention_lock=str(paths.attention_lock.absolute()) if d.attention == "flash_attention_4" else "")

@@ -83,7 +83,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     if spec.mode == "train":  # each tracker's files under OUTPUT/run/, unless the user pointed it elsewhere
         for variable, value in tracking.environment(spec.report_to, Path(spec.run_dir)).items():
             os.environ.setdefault(variable, value)
-    config = trainer_arguments(spec, on_gpu)
+    config = trainer_arguments(spec)
     if spec.compile:
         regional_compilation()  # read when SFTTrainer makes its Accelerator, below
     if spec.stage.startswith("3"):

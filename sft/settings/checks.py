@@ -17,6 +17,7 @@ from .fields import REPO_ID, Settings
 from .problems import bad
 from .times import parse_limit
 
+HF_TOKEN_TEXT = re.compile(r"hf_[A-Za-z0-9]{6,}")  # how Hugging Face tokens look
 BRANCH = re.compile(r"^(?!.*\.\.)(?!.*//)[A-Za-z0-9][\w./-]*(?<![./])$")  # a git branch name, as the Hub takes one
 
 
@@ -36,8 +37,6 @@ def check(s: Settings) -> list[str]:
     if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
         problems.append(bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
     if s.trainer_args is not None:
-        from ..ranks.trainer import trainer_args_problems  # TRL takes seconds to import: only when set
-
         problems += trainer_args_problems(s.trainer_args)
     if s.liger_kernels == "true" and not liger_available():
         problems.append(bad("SFT_LIGER_KERNELS", "true", "liger-kernel and triton are not both installed here "
@@ -53,6 +52,30 @@ def check(s: Settings) -> list[str]:
     problems += _check_output_dir(s.output_dir)
     problems += service_problems(s)
     return problems + sequence_parallel_problems(s)
+
+
+def trainer_args_problems(value: str) -> list[str]:
+    """SFT_TRAINER_ARGS is a JSON object (the arguments it names are checked against TRL's SFTConfig and the job's
+    own with the settings' inputs: controller/inputs.py)."""
+    try:
+        args = json.loads(value)
+    except json.JSONDecodeError as e:
+        return [f"SFT_TRAINER_ARGS={shown_trainer_args(value)!r}: not JSON ({e})"]
+    if not isinstance(args, dict):
+        return [f"SFT_TRAINER_ARGS={shown_trainer_args(value)!r}: "
+                'expected a JSON object such as {"dataloader_num_workers": 2}']
+    return []
+
+
+def shown_trainer_args(value: str) -> str:
+    """SFT_TRAINER_ARGS as a message may show it: a token typed in it never reaches the log."""
+    try:
+        args = json.loads(value)
+    except json.JSONDecodeError:
+        args = None
+    if isinstance(args, dict) and "hub_token" in args:
+        return json.dumps({**args, "hub_token": "***"})
+    return HF_TOKEN_TEXT.sub("hf_***", value)
 
 
 def liger_available() -> bool:  # also the machine's fact (controller/machine.py)
