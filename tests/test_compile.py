@@ -1,5 +1,5 @@
 """SFT_COMPILE=true through the real job on a CPU rank: each decoder layer compiled by accelerate's regional
-compilation (sft/ranks/trainer.py), the same losses as uncompiled, and inductor's kernels in the output folder,
+compilation (sft/ranks/train.py), the same losses as uncompiled, and inductor's kernels in the output folder,
 where a resumed job finds them (sft/controller/launch.py). On GPUs auto compiles (tests/test_decide.py); the
 speed is docs/speed.md's, measured on H200s."""
 

@@ -11,7 +11,7 @@ import pytest
 from sft import exitcodes, stages
 from sft.handoff import CheckpointRecord, DataPlan, DataSource, Split
 from sft.planner import data as data_rules
-from sft.planner import decide, disk, restart
+from sft.planner import decide, disk, restart, rules
 from sft.planner.inputs import GPU, CannotRun, DataFacts, Inputs, Machine
 from sft.planner.shape import ModelShape
 from sft.settings import Settings
@@ -26,8 +26,13 @@ CPU_HOST = Machine(gpus=(), host_memory_bytes=20 * GIB, memlock_bytes=8 * 2**20,
 SEED_OFFLOAD = stages.shipped_config("3-offload")  # the seed guide's ds_zero3_offload.json, as the job ships it
 
 
+def inputs_of(s: Settings, machine, shape, record=None, user_config=None, **more) -> Inputs:
+    """The decision's inputs, its ranks chosen as every start chooses them (rules.choose_ranks)."""
+    return Inputs(s, machine, shape, rules.choose_ranks(s, machine), record, user_config, **more)
+
+
 def decided(shape=Q4, machine=ONE_H200, record=None, user_config=None, **settings):
-    return decide.decide(Inputs(Settings(**settings), machine, shape, record, user_config))
+    return decide.decide(inputs_of(Settings(**settings), machine, shape, record, user_config))
 
 
 def split_of(d) -> tuple[int, int, bool]:
@@ -204,7 +209,7 @@ def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
     # Qwen3-8B on 2 H200s with DeepSpeed's own step (an optimizer other than torch's fused AdamW): 4 rows per pass
     # fit only with checkpointing; fewer rows fit without
     two = Machine(gpus=(H200,) * 2, host_memory_bytes=200 * GIB)
-    given = Inputs(Settings(trainer_args='{"optim": "adamw_torch"}'), two, Q8)
+    given = inputs_of(Settings(trainer_args='{"optim": "adamw_torch"}'), two, Q8)
     d = decide.decide(given)
     assert len(d.search) == 2
     larger, smaller = d.search
@@ -215,12 +220,12 @@ def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
     assert adopted.record().batch == smaller and adopted.reasons["split"] == "the fastest"
     assert decided(shape=Q8, machine=two, micro_batch=4, batch_search="false").search == ()
     # with the one-pass step (the defaults) no fp32 gradients are made: 4 rows fit without checkpointing
-    d = decide.decide(Inputs(Settings(), two, Q8))
+    d = decide.decide(inputs_of(Settings(), two, Q8))
     assert not d.split.gradient_checkpointing and d.split.rows == 4 and d.row.states_not_made > 0
 
 
 def test_escalation_turns_checkpointing_on_then_moves_the_stage():
-    given = Inputs(Settings(), ONE_H200, Q4)
+    given = inputs_of(Settings(), ONE_H200, Q4)
     d = decide.decide(given)
     on, change = decide.escalate(given, d, "the probe ran out of GPU memory")
     assert change == "turning gradient checkpointing on" and on.stage.name == "2"
@@ -233,18 +238,18 @@ def test_escalation_turns_checkpointing_on_then_moves_the_stage():
     # compiled layers at ZeRO-2; at ZeRO-3, not measured compiled, Liger's kernels instead
     assert (d.compile, d.liger, moved.compile, moved.liger) == (True, False, False, True)
     assert moved.reasons["compile"].startswith("off, auto with ZeRO-3")
-    last = Inputs(Settings(zero_stage="3-offload-all", gradient_checkpointing="true"), ONE_H200, Q4)
+    last = inputs_of(Settings(zero_stage="3-offload-all", gradient_checkpointing="true"), ONE_H200, Q4)
     assert decide.escalate(last, decide.decide(last), "x") == (None, "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH")
 
 
 def test_an_explicit_stage_does_not_escalate_and_names_the_next():
-    given = Inputs(Settings(zero_stage="2", gradient_checkpointing="true"), ONE_H200, Q4)
+    given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true"), ONE_H200, Q4)
     assert decide.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=3")
 
 
 def test_escalating_into_offload_decides_pin_memory_for_it():
     machine = Machine(gpus=(H200,), host_memory_bytes=120 * GIB, memlock_bytes=64 * 1024)
-    given = Inputs(Settings(gradient_checkpointing="true"), machine, Q4)
+    given = inputs_of(Settings(gradient_checkpointing="true"), machine, Q4)
     d = decide.decide(given)
     while not d.offload:
         d, _ = decide.escalate(given, d, "oom")
@@ -303,7 +308,7 @@ def test_auto_attention_is_flash_attention_4_for_compiled_layers_up_to_the_rows_
         assert d.attention == "flex_attention", kwargs
         assert f"(not FlashAttention-4: {why}" in d.reasons["attention"], (kwargs, d.reasons["attention"])
     # after running out of memory, the next stage (not compiled) takes flex attention with it: decided per stage
-    inputs = Inputs(Settings(gradient_checkpointing="false"), with_fa4, Q4)
+    inputs = inputs_of(Settings(gradient_checkpointing="false"), with_fa4, Q4)
     d = decide.decide(inputs)
     assert (d.attention, d.stage.name) == ("flash_attention_4", "2")
     after, change = decide.escalate(inputs, d, "out of memory")
@@ -599,7 +604,7 @@ def test_evaluation_runs_with_each_checkpoint_unless_told_and_at_the_end():
 
 
 def test_the_decision_carries_the_data_plan_and_the_models_commit():
-    given = Inputs(Settings(eval_fraction=0.05, eval_steps=10, model_revision="v1"), ONE_H200, Q4,
+    given = inputs_of(Settings(eval_fraction=0.05, eval_steps=10, model_revision="v1"), ONE_H200, Q4,
                    data=CONV_PC, model_revision="b" * 40)
     d = decide.decide(given)
     assert d.data == DataPlan(train=[DataSource("pc.parquet")], eval_fraction=0.05, eval_steps=10,

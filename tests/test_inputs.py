@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DEMO_DATA, DEMO_MODEL, clean_environ, run_entrypoint
-from sft.controller import inputs
+from sft.controller import inputs, machine, prepare
 from sft.planner.inputs import GPU, Machine
 from sft.settings import Settings
 
@@ -121,22 +121,23 @@ def test_a_model_folder_without_a_chat_template(isolated_env, tmp_path):
 
 def test_sft_gpus_naming_gpus_that_are_not_there_is_a_problem_reported_with_the_others():
     two = Machine(gpus=(GPU("NVIDIA H200", 140 * GIB),) * 2)
-    (problem,) = inputs.ranks(Settings(gpus="0,5"), two)
+    (problem,) = prepare.ranks(Settings(gpus="0,5"), two)[1]
     assert problem == "SFT_GPUS='0,5': this machine shows 2 GPU(s) (0-1); no GPU 5"
-    assert inputs.ranks(Settings(gpus="1", precision="bf16"), two) == []
-    assert inputs.ranks(Settings(gpus="0,5"), Machine()) == []  # no GPU: ignored, the decision's reason says so
+    assert prepare.ranks(Settings(gpus="1", precision="bf16"), two)[1] == []
+    assert prepare.ranks(Settings(gpus="0,5"), Machine())[1] == []  # no GPU: ignored, the decision's reason says so
 
 
 def test_bf16_on_a_machine_without_gpu(isolated_env):
     """Before: SFT_PRECISION=bf16 on CPU passed, and every rank died with the Trainer's 'Your setup doesn't
     support bf16/gpu'."""
-    (problem,) = inputs.ranks(Settings(precision="bf16"), Machine())
+    (problem,) = prepare.ranks(Settings(precision="bf16"), Machine())[1]
     assert problem.startswith("SFT_PRECISION='bf16': this machine has no GPU")
     import torch
 
     if not torch.cuda.is_available():  # this machine, measured
-        assert inputs.ranks(Settings(precision="bf16", gpus="5")) == [problem]
-        assert inputs.ranks(Settings(gpus="5")) == []
+        here = Machine(gpus=machine.gpus())
+        assert prepare.ranks(Settings(precision="bf16", gpus="5"), here)[1] == [problem]
+        assert prepare.ranks(Settings(gpus="5"), here)[1] == []
 
 
 def test_the_token_is_checked_on_node_0_only(isolated_env, monkeypatch):

@@ -4,7 +4,7 @@ what one rank computes with the whole row, epoch after epoch; a checkpoint recor
 keeps it.
 
 gloo's all_gather refuses tensors of different sizes, which DeepSpeed's batch adapter sends when ranks' rows
-differ in length: on CPU ranks rows are padded to the whole SFT_MAX_LENGTH (ranks/trainer.py row_padding). The
+differ in length: on CPU ranks rows are padded to the whole SFT_MAX_LENGTH (planner/arguments.py _row_padding). The
 GPUs' path (rows padded to a multiple of N, NCCL) is tests/test_gpu.py's."""
 
 from __future__ import annotations

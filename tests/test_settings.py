@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import DEMO_DATA, DEMO_MODEL, clean_environ, run_entrypoint
-from sft.controller import inputs
+from sft.controller import inputs, prepare
 from sft.settings import Settings, SettingsError, describe, from_env
 
 
@@ -132,7 +132,7 @@ BAD = [
 def problems_of(environ: dict[str, str]) -> list[str]:
     """What every command reports of these settings before it starts: theirs, and the checks of what they name that
     every command runs (SFT_TRAINER_ARGS against TRL's SFTConfig)."""
-    return inputs.checked(inputs.ALWAYS, environ)[1]
+    return prepare.checked(inputs.ALWAYS, gpus=(), environ=environ).problems
 
 
 @pytest.mark.parametrize("var,raw,message", BAD)
@@ -280,7 +280,6 @@ def test_every_argument_the_job_sets_is_owned():
 
     from sft.handoff import DataPlan, DataSource
     from sft.planner.arguments import OWNED
-    from sft.ranks.trainer import trainer_arguments
 
     d = dataclasses.replace(decided(), bf16=False, data=DataPlan([DataSource("d")], eval_fraction=0.1, eval_steps=5,
                                                                   loss_on="assistant"))  # bf16: not on this CPU
@@ -290,7 +289,7 @@ def test_every_argument_the_job_sets_is_owned():
     assert job["pad_to_multiple_of"] == "auto"  # TRL's own default
     assert job["dataset_num_proc"] is None  # one process: TRL's default
     d = dataclasses.replace(d, data=dataclasses.replace(d.data, processes=3))
-    assert trainer_arguments(spec_of(Settings(), d), in_rank=False).dataset_num_proc == 3  # what TRL's map takes
+    assert spec_of(Settings(), d).sft_config(in_rank=False).dataset_num_proc == 3  # what TRL's map takes
     with_user = spec_of(Settings(trainer_args='{"dataloader_num_workers": 2}'), d).trainer
     assert with_user == {**job, "dataset_num_proc": 3, "dataloader_num_workers": 2}
 
@@ -330,15 +329,15 @@ def test_a_split_row_reaches_the_trainer_as_accelerates_sequence_parallelism():
     from test_decide import decided
 
     from sft.planner.inputs import Ranks
-    from sft.ranks.trainer import sequence_parallelism, trainer_arguments
+    from sft.handoff.spec import parallelism
 
     s = Settings(max_length=64, packing=False)
     on_gpu = dataclasses.replace(decided(), ranks=Ranks(8, tuple(range(8))), sequence_parallel=2, attention="sdpa")
     job = spec_of(s, on_gpu).trainer
-    pc = sequence_parallelism(job["parallelism_config"])  # what the ranks give SFTConfig
+    pc = parallelism(job["parallelism_config"])  # what the ranks give SFTConfig
     assert (pc.sp_backend, pc.sp_size, pc.dp_replicate_size, pc.data_parallel_size) == ("deepspeed", 2, 4, 4)
     assert pc.sp_handler.sp_attn_implementation == "sdpa" and pc.sp_handler.sp_seq_length_is_variable
     cpu = dataclasses.replace(on_gpu, ranks=Ranks(2, ()), bf16=False)
     assert job["pad_to_multiple_of"] == 2 and spec_of(s, cpu).trainer["pad_to_multiple_of"] == 64
-    args = trainer_arguments(spec_of(s, cpu), in_rank=False)  # TRL's and Transformers' own checks take it
+    args = spec_of(s, cpu).sft_config(in_rank=False)  # TRL's and Transformers' own checks take it
     assert args.parallelism_config.sp_size == 2 and args.pad_to_multiple_of == 64

@@ -4,6 +4,7 @@ what the imports printed is said once the spec comes, in its place in the log.""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -151,7 +152,7 @@ def test_flash_attention_4s_process_waits_holding_its_lock_and_runs_the_spec_or_
     try:
         assert waiting.ahead is not None and lock_held(waiting.folder.lock)
         assert attention_ahead.wait(str(waiting.folder.lock), timeout_s=0.3) >= 0.3  # a rank waits for it
-        spec = waiting.spec(spec_of(tmp_path) if wanted else spec_of(tmp_path, attention_lock=""))
+        spec = waiting.spec(spec_of(tmp_path) if wanted else dataclasses.replace(spec_of(tmp_path), attention_lock=""))
         assert spec.attention_lock == (str(waiting.folder.lock) if wanted else "")
         proc, ahead = waiting.hand_over(spec.save(tmp_path / "spec.json"), spec, clean_environ(tmp_path))
         assert ahead is (waiting.ahead if wanted else None)
@@ -181,7 +182,8 @@ def test_a_standby_for_other_ranks_is_not_taken(tmp_path):
 
 def test_no_standby_across_nodes(tmp_path):
     """Each node's ranks start when node 0 says (controller/coordinate.py)."""
-    assert standby.start(Settings(output_dir=str(tmp_path / "out")), Nodes(2, 0, "10.0.0.1", 29500)) is None
+    s = Settings(output_dir=str(tmp_path / "out"))
+    assert standby.start(s, Ranks(2, (), nodes=2), Nodes(2, 0, "10.0.0.1", 29500), ()) is None
 
 
 def test_the_folders_the_imports_made_before_the_start_are_made_in_the_output_folders_cache(tmp_path):

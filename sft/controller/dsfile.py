@@ -5,13 +5,17 @@ so it can run here. It stops at the first error and does not always say where (a
 JSON object ends in a TypeError), so each top-level key is checked alone first, which names every bad
 key at once, then the whole file for what only the keys together can break (bf16 and fp16 both on).
 "auto" is left out: the Trainer fills it from its own arguments at start.
+
+Also a config with every "auto" filled as the Trainer fills it, which `entrypoint.py config` prints.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 AUTO = "auto"
@@ -83,3 +87,25 @@ def _quiet() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def filled_ds_config(config: dict[str, Any], args: Any, world_size: int, model_config: Any,
+                     total_steps: int) -> dict[str, Any]:
+    """The config with every "auto" filled as the Trainer fills it, by transformers' own code.
+
+    `args` is the run's SFTConfig made without a DeepSpeed config (so no process group starts here);
+    its world size is this process's, so the run's is given.
+    """
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    class _RunArgs:
+        def __init__(self):
+            self.world_size = world_size
+
+        def __getattr__(self, name):
+            return getattr(args, name)
+
+    hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    hf.trainer_config_process(_RunArgs())
+    hf.trainer_config_finalize(_RunArgs(), SimpleNamespace(config=model_config), total_steps)
+    return hf.config

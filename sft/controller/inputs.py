@@ -1,23 +1,23 @@
 """What the decision is a function of, read once: the model's shape, the user's DeepSpeed file, and the
 record of the checkpoint this start resumes from (the machine is measured in machine.py).
 
-Also the inputs' checks that need a read (a model's files, DeepSpeed's config model, the GPUs): each is
-a function Settings -> problems, one line each; `problems` runs a list of them, so they report together
-with the settings' own (entrypoint.load_settings), before anything is started or written.
+Also the inputs' checks that need a read (a model's files, DeepSpeed's config model, TRL's SFTConfig): each is a
+function Settings -> problems, one line each; `problems` runs a list of them, so they report together with the
+settings' own and the ranks' (prepare.checked), before anything is started or written.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .. import checkpoints, exitcodes, nodes
 from ..settings.entries import looks_local
-from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine
+from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine, Ranks
 from ..planner.shape import ModelShape
-from ..settings import REPO_ID, Settings, SettingsError, from_env
+from ..settings import REPO_ID, Settings
 from . import revisions
 
 Finder = Callable[[Settings], list[str]]
@@ -25,14 +25,15 @@ COPY_TOKENIZER = ("copy the tokenizer files of the model it came from, or save t
                   "save_pretrained")
 
 
-def read(s: Settings, machine: Machine, resume: Path | None = None, data: DataFacts | None = None) -> Inputs:
+def read(s: Settings, machine: Machine, ranks: Ranks, resume: Path | None = None, data: DataFacts | None = None
+         ) -> Inputs:
     """The decision's inputs (raises CannotRun when the model's config cannot be read)."""
     record = checkpoints.recorded(resume) if resume is not None else None
     try:
         revision = model_revision(s)
     except revisions.RevisionError as e:
         raise CannotRun(f"SFT_MODEL: {e}", exitcodes.BAD_SETTINGS) from None
-    return Inputs(settings=s, machine=machine, shape=shape_of(s.model, revision), record=record,
+    return Inputs(settings=s, machine=machine, shape=shape_of(s.model, revision), ranks=ranks, record=record,
                   user_config=s.user_ds_config, data=data, model_revision=revision)
 
 
@@ -85,16 +86,6 @@ def model_shape(model: str, revision: str | None = None) -> ModelShape:
 def problems(s: Settings, finders: Sequence[Finder]) -> list[str]:
     """Every problem the finders see, in their order."""
     return [problem for find in finders for problem in find(s)]
-
-
-def checked(finders: Sequence[Finder], environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
-    """The settings from the environment, and every problem of theirs and of what they name that the finders see
-    (a value that does not parse keeps its default for the finders, so one typo hides nothing)."""
-    try:
-        s, found = from_env(environ), []
-    except SettingsError as e:
-        s, found = e.settings, list(e.problems)
-    return s, found + problems(s, finders)
 
 
 # --- the finders
@@ -162,40 +153,6 @@ def model_chat_template(s: Settings) -> list[str]:
             "tokenizer_config.json), which conversations are rendered with: copy it from the model it came from"]
 
 
-def ranks(s: Settings, machine: Machine | None = None) -> list[str]:
-    """What the decision's rules ask of this machine (default: its GPUs, measured): SFT_GPUS names GPUs it has
-    (on a machine with none it is ignored, and the decision's reason says so); bf16 needs GPUs."""
-    from ..planner import rules
-    from .machine import gpus
-
-    try:
-        chosen, _ = rules.choose_ranks(s, machine or Machine(gpus=gpus()))
-        rules.precision(s, chosen)
-    except CannotRun as e:
-        return [str(e)]
-    return []
-
-
-def split_rows(s: Settings, machine: Machine | None = None) -> list[str]:
-    """SFT_SEQUENCE_PARALLEL=N against the ranks of a node and the model's heads (what it asks of the other
-    settings is the settings' check)."""
-    from ..planner import rules
-    from .machine import gpus
-
-    if s.sequence_parallel in ("auto", 1):
-        return []
-    try:
-        chosen, _ = rules.choose_ranks(s, machine or Machine(gpus=gpus()))
-        shape = shape_of(s.model)
-    except CannotRun:
-        return []  # `ranks` and `model_config` name it
-    try:
-        rules.check_split(s.sequence_parallel, chosen, shape)
-    except CannotRun as e:
-        return [str(e)]
-    return []
-
-
 def hub_token(s: Settings) -> list[str]:
     """SFT_HUB_REPO needs a token on node 0 (the one that uploads)."""
     from .uploads import token
@@ -247,7 +204,7 @@ def trainer_args(s: Settings) -> list[str]:
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
 ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
-CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template, ranks, split_rows)
+CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template)
 JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
 
 

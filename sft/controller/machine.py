@@ -44,14 +44,15 @@ class Facts:
     import_check: ImportCheck | None = None  # FlashAttention-4's, running: `settled` reads it into machine
 
 
-def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: ImportCheck | None = None) -> Facts:
+def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: ImportCheck | None = None,
+            found: tuple[GPU, ...] | None = None) -> Facts:
     """Everything a start checks; cheap (no GPU work; no subprocess but nvcc --version, and FlashAttention-4's
     import where a GPU could run it and SFT_ATTENTION allows it, running in the background: `early`'s if the
     entrypoint started it (`early_import_check`), else started here; `settled` waits for it, once the Hub and
-    the data are checked)."""
+    the data are checked). `found`: the GPUs, where the caller read them already (once a start)."""
     import torch
 
-    found = gpus()
+    found = gpus() if found is None else found
     could_run = flash_attention_4_may_run(found, attention)
     if early is not None and not could_run:
         early.cancel()  # no GPU here runs FlashAttention-4: its import says nothing the decision reads

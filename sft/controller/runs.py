@@ -22,13 +22,14 @@ from .standby import Standby
 class Runner:
     """Starts the ranks of every node on one RunSpec and collects what they report."""
 
-    def __init__(self, s: Settings, team: Team, paths: Paths, stopper: Stopper, started_at: float):
+    def __init__(self, s: Settings, team: Team, paths: Paths, stopper: Stopper, started_at: float,
+                 standby: Standby | None = None):
         self.s, self.team, self.paths, self.stopper = s, team, paths, stopper
         self.started_at = started_at  # time.time() when the job began: what a user waits is counted from it
         self.events = EventLog(paths.run / EVENTS_FILE)  # the probe's tries go there
         self.total_params = 0  # the model's, for the projection's saves (set by the job once it has read the model)
         self.uploads = False  # the final model is uploaded (a Hub repo): the projection counts the upload
-        self.standby: Standby | None = None  # the ranks started before the decision: the first launch's, if they fit
+        self.standby = standby  # the ranks started before the decision: the first launch's, if they fit
 
     def overheads(self, d: Decision) -> Overheads:
         """What a run of this decision spends besides its steps (its saves, the final model), for the probe's

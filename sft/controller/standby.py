@@ -27,8 +27,7 @@ from pathlib import Path
 from ..console import say
 from ..handoff import RunSpec, StandbyFolder, Start, write_json
 from ..nodes import Nodes, free_port
-from ..planner.inputs import CannotRun, Machine, Ranks
-from ..planner.rules import choose_ranks
+from ..planner.inputs import GPU, Ranks
 from ..settings import Settings
 from . import launch, machine
 
@@ -108,16 +107,14 @@ class Standby:
             self.alive = -1
 
 
-def start(s: Settings, nodes: Nodes) -> Standby | None:
-    """A standby for a job of these settings on one node, where its ranks are known now; None where not (several
-    nodes: each node's ranks start when node 0 says; a problem `choose_ranks` raises, which the job reports)."""
+def start(s: Settings, ranks: Ranks, nodes: Nodes, gpus: tuple[GPU, ...]) -> Standby | None:
+    """A standby for a job of these settings on one node; None on several (each node's ranks start when node 0
+    says), or where its processes could not start (the job starts its ranks after deciding)."""
     if nodes.nnodes > 1:
         return None
-    found = machine.gpus()
     try:
-        ranks, _ = choose_ranks(s, Machine(gpus=found))
-        return Standby(s, ranks, nodes, ranks.on_gpu and machine.flash_attention_4_may_run(found, s.attention))
-    except (CannotRun, OSError):  # the job reports the first, and starts its ranks after deciding
+        return Standby(s, ranks, nodes, ranks.on_gpu and machine.flash_attention_4_may_run(gpus, s.attention))
+    except OSError:
         return None
 
 

@@ -7,19 +7,20 @@ the end of the step, the uploader's flush; then the job exits exitcodes.TIME_LIM
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ..console import say
 from ..events import PROGRESS_FILE, Progress
-from ..settings.times import parse_limit, parse_slurm_end
 from ..planner.deadline import (ASSUMED_SAVE_BYTES_PER_S, ASSUMED_UPLOAD_BYTES_PER_S, Clock, Deadline, TimeCall,
                                 earliest, stop_for_time)
 from ..settings import Settings
+from ..settings.times import parse_limit, parse_slurm_end
 from .launch import Stopper
 
 TICK_S = 1.0  # how often training is looked at
@@ -112,3 +113,18 @@ class TimeKeeper:
                     f"({self.deadline.source}): {call.reason}")
                 self.stopper.request("time limit", call.reason)
                 return
+
+
+@contextlib.contextmanager
+def watching(keeper: TimeKeeper | None, uploader=None) -> Iterator[None]:
+    """The keeper's watch while the ranks train (nothing without a time limit); it knows the uploader's last
+    upload, to leave room for the next."""
+    if keeper is None:
+        yield
+        return
+    keeper.uploader = uploader
+    keeper.start()
+    try:
+        yield
+    finally:
+        keeper.stop()

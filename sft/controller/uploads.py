@@ -69,20 +69,19 @@ def start(s: Settings, target, paths: Paths, events=None, begin: bool = True):
     return uploader
 
 
-def finish(uploader, code: int, paths: Paths, summary: Summary, grace_left_s: float) -> int:
-    """Stopped or failed: flush the newest checkpoint in the grace left. Done: final model and reports."""
+def finish(uploader, code: int, paths: Paths, summary: Summary, grace_left_s: float) -> tuple[int, dict | None]:
+    """Stopped or failed: flush the newest checkpoint in the grace left. Done: final model and reports (`summary`
+    the one that goes up with them). The exit code, and what reached the Hub (None: not the final model)."""
     if code != exitcodes.DONE:
         if not uploader.flush(grace_left_s):
             say(f"warning: the newest checkpoint did not reach the Hub: {uploader.behind()}")
         uploader.stop(5)
-        return code
+        return code, None
     missing = uploader.finish(paths.final, paths.run, summary.to_dict())
-    summary.hub = uploader.uploaded()
-    summary.save(paths.summary)
     if missing:
         say("error: trained, but not uploaded: " + "; ".join(missing))
-        return exitcodes.UPLOAD_INCOMPLETE
-    return code
+        return exitcodes.UPLOAD_INCOMPLETE, uploader.uploaded()
+    return code, uploader.uploaded()
 
 
 def grace_left(s: Settings, requested_at: float | None) -> float:

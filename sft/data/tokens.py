@@ -83,7 +83,7 @@ class Labeller:
 
         self.tok, self.loss_on, self.max_length = tok, loss_on, max_length
         defaults = {f.name: f.default for f in dataclasses.fields(SFTConfig) if f.default is not dataclasses.MISSING}
-        # the arguments _prepare_dataset reads, as the ranks' SFTConfig has them (ranks/trainer.py)
+        # the arguments _prepare_dataset reads, as the ranks' SFTConfig has them (planner/arguments.py)
         self.args = SimpleNamespace(**{**defaults, **(trainer_args or {}), "max_length": max_length,
                                        "assistant_only_loss": loss_on == "assistant",
                                        "completion_only_loss": loss_on == "completion"})

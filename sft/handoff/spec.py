@@ -115,6 +115,17 @@ class RunSpec(Record):
         """Its first steps are the probe's: a probe, or a training launch that waits for the probe's verdict."""
         return self.mode == "probe" or self.hold_at > 0
 
+    def sft_config(self, in_rank: bool = True):
+        """TRL's SFTConfig from these arguments, the objects among them made here; `in_rank=False` (`entrypoint.py
+        config`): outside the ranks there is no process state of theirs to use."""
+        from trl import SFTConfig
+
+        args = dict(self.trainer)
+        args["parallelism_config"] = parallelism(args["parallelism_config"])
+        if not in_rank:
+            args["accelerator_config"] = {**args["accelerator_config"], "use_configured_state": False}
+        return SFTConfig(**args)
+
     # What the processes read of the Trainer's arguments besides the Trainer, each named once here.
     @property
     def micro_batch(self) -> int:
@@ -147,3 +158,15 @@ class RunSpec(Record):
     @property
     def model_revision(self) -> str | None:
         return self.trainer["model_init_kwargs"]["revision"]
+
+
+def parallelism(asked: dict[str, Any] | None):
+    """Accelerate's ParallelismConfig for DeepSpeed's Ulysses, as the Trainer's arguments describe it (None: off)."""
+    if asked is None:
+        return None
+    from accelerate.utils import DeepSpeedSequenceParallelConfig, ParallelismConfig
+
+    return ParallelismConfig(sp_backend=asked["sp_backend"], sp_size=asked["sp_size"],
+                             dp_replicate_size=asked["dp_replicate_size"],
+                             sp_handler=DeepSpeedSequenceParallelConfig(
+                                 sp_attn_implementation=asked["sp_attn_implementation"]))

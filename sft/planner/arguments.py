@@ -3,7 +3,7 @@ decision, as the seed's sft_ds.py sets them. Pure.
 
 Each argument the job sets is one line of ARGUMENTS: its name, the setting a user changes instead (SFT_TRAINER_ARGS
 may not name it: OWNED is derived from the same lines), and its value. The ranks pass them to SFTConfig as they
-are (sft/ranks/trainer.py), after SFT_TRAINER_ARGS's own; `entrypoint.py config` shows them.
+are (RunSpec.sft_config), after SFT_TRAINER_ARGS's own; `entrypoint.py config` shows them.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("ddp_timeout", "SFT_NODE_TIMEOUT_SECONDS", lambda r: r.settings.node_timeout_seconds),
     # TRL applies the layer kernels only (its fused LM head stays)
     Argument("use_liger_kernel", "SFT_LIGER_KERNELS", lambda r: r.decision.liger),
-    # each decoder layer, once DeepSpeed has wrapped the model (sft/ranks/trainer.py)
+    # each decoder layer, once DeepSpeed has wrapped the model (sft/ranks/train.py)
     Argument("torch_compile", "SFT_COMPILE", lambda r: r.decision.compile),
     Argument("model_init_kwargs", "SFT_PRECISION and SFT_ATTENTION",
              lambda r: {"dtype": "bfloat16" if r.decision.bf16 else "float32",

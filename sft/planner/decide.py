@@ -89,8 +89,8 @@ class Decision:
 def decide(inputs: Inputs) -> Decision:
     """The decision at start (raises CannotRun)."""
     s, record = inputs.settings, inputs.record
-    ranks, why_ranks = rules.choose_ranks(s, inputs.machine)
-    reasons = {"ranks": why_ranks}
+    ranks = inputs.ranks
+    reasons = {"ranks": ranks.why}
     bf16, reasons["precision"] = rules.precision(s, ranks)
     splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
     rules.check_attention(s, ranks, inputs.machine)

@@ -4,7 +4,7 @@ and the ranks it runs on. Measured and read by the controller (controller/machin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..handoff import CheckpointRecord, DataSource
@@ -57,6 +57,7 @@ class Inputs:
     settings: Settings
     machine: Machine
     shape: ModelShape
+    ranks: Ranks  # chosen once, before the data is read (rules.choose_ranks)
     record: CheckpointRecord | None = None  # of the checkpoint this start resumes from
     user_config: Mapping[str, Any] | None = None  # SFT_DS_CONFIG's contents
     data: DataFacts | None = None  # None where only the model and machine matter (`plan`)
@@ -70,6 +71,7 @@ class Ranks:
     count: int  # on this node
     gpus: tuple[int, ...]  # empty: CPU ranks on gloo
     nodes: int = 1  # every node runs as many ranks (the nodes check it at start)
+    why: str = field(default="", compare=False)  # the rule's reason (rules.choose_ranks)
 
     @property
     def on_gpu(self) -> bool:

@@ -18,20 +18,21 @@ from .shape import ModelShape
 BATCH_SEARCH_TRIES = 3  # splits timed at most: each loads the model once more
 
 
-def choose_ranks(s: Settings, machine: Machine) -> tuple[Ranks, str]:
-    """One rank per selected GPU; on a machine with no GPU, SFT_CPU_RANKS ranks on CPU (raises CannotRun)."""
+def choose_ranks(s: Settings, machine: Machine) -> Ranks:
+    """One rank per selected GPU; on a machine with no GPU, SFT_CPU_RANKS ranks on CPU (raises CannotRun). Chosen
+    once a start, before the data is read (it counts the rows a step takes), and carried in the Inputs."""
     visible = len(machine.gpus)
     if visible == 0:
         ignored = f"; SFT_GPUS={s.gpus} ignored: this machine has no GPU" if s.gpus != "all" else ""
-        return Ranks(s.cpu_ranks, (), machine.nodes), f"{s.cpu_ranks} CPU rank(s) on gloo (SFT_CPU_RANKS){ignored}"
+        return Ranks(s.cpu_ranks, (), machine.nodes, f"{s.cpu_ranks} CPU rank(s) on gloo (SFT_CPU_RANKS){ignored}")
     if s.gpus == "all":
-        return Ranks(visible, tuple(range(visible)), machine.nodes), f"every GPU this process sees ({visible})"
+        return Ranks(visible, tuple(range(visible)), machine.nodes, f"every GPU this process sees ({visible})")
     chosen = tuple(int(g) for g in s.gpus.split(","))
     missing = [g for g in chosen if g >= visible]
     if missing:
         raise CannotRun(f"SFT_GPUS={s.gpus!r}: this machine shows {visible} GPU(s) (0-{visible - 1}); no GPU "
                         f"{', '.join(map(str, missing))}", exitcodes.BAD_SETTINGS)
-    return Ranks(len(chosen), chosen, machine.nodes), f"GPUs {s.gpus} (SFT_GPUS)"
+    return Ranks(len(chosen), chosen, machine.nodes, f"GPUs {s.gpus} (SFT_GPUS)")
 
 
 def probe_goes_on(s: Settings, ranks: Ranks, record: CheckpointRecord | None) -> tuple[bool, str | None]:
@@ -148,7 +149,7 @@ def levels(s: Settings, split: Split, on_gpu: bool) -> tuple[Split, ...]:
 
 
 def compile_model(s: Settings, ranks: Ranks, stage: Stage, sequence_parallel: int = 1) -> tuple[bool, str]:
-    """Whether each decoder layer is compiled (ranks/trainer.py), at this stage. Compiled, Liger's kernels stay
+    """Whether each decoder layer is compiled (sft/ranks/train.py::regional_compilation), at this stage. Compiled, Liger's kernels stay
     off (liger below), and the planner counts a compiled layer's activations as Liger's (measured the same)."""
     if s.compile != "auto":
         return s.compile == "true", f"{s.compile} (SFT_COMPILE)"

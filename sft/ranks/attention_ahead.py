@@ -65,8 +65,6 @@ def compile_ahead(spec) -> str:
     from transformers import AutoConfig, AutoModel
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from .trainer import row_padding
-
     config = AutoConfig.from_pretrained(spec.model, revision=spec.model_revision)
     text = config.get_text_config()
     layers = layers_of_each_kind(text)
@@ -76,7 +74,7 @@ def compile_ahead(spec) -> str:
     with torch.device("cuda"):  # the decoder without its LM head: the run's logits are no attention kernel's
         model = AutoModel.from_config(config, attn_implementation=spec.attention,
                                       dtype=torch.bfloat16 if spec.bf16 else torch.float32)
-    padding = row_padding(spec, on_gpu=True)
+    padding = spec.trainer["pad_to_multiple_of"]  # the ranks' (on GPUs)
     collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=spec.packing,
                                               pad_to_multiple_of=None if padding == "auto" else padding)
     batch = collate(rows(spec, text.vocab_size))

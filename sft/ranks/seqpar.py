@@ -1,5 +1,5 @@
 """Rows split over N ranks (DeepSpeed's Ulysses, set up by Accelerate and the Trainer from the ParallelismConfig
-in ranks/trainer.py): how the Trainer reads DeepSpeed's batch adapter, where the libraries leave two gaps
+in planner/arguments.py): how the Trainer reads DeepSpeed's batch adapter, where the libraries leave two gaps
 (transformers 5.24, accelerate 1.15, DeepSpeed 0.19.8; tests/test_seqpar.py shows both):
 
 - Epochs. The Trainer starts each epoch with iter() and set_epoch() on its loader. UlyssesSPDataLoaderAdapter

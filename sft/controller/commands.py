@@ -1,0 +1,226 @@
+"""The commands besides the job itself (entrypoint.py declares them): each starts where the job starts
+(prepare.py) and prints what it found. A problem ends the command with the job's exit code and one line, or the
+whole list, on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from .. import exitcodes, nodes
+from ..planner.inputs import GPU, CannotRun, Machine, Ranks
+from ..settings import Settings, refusal
+from ..units import GIB
+from . import inputs, machine, prepare
+
+
+def refuse(what: str, problems: list[str]) -> NoReturn:
+    """Exit 2 listing every problem, before anything is started or written."""
+    click.echo(refusal(what, problems), err=True)
+    sys.exit(exitcodes.BAD_SETTINGS)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def deepspeed_logs_to_stderr() -> None:
+    """DeepSpeed's logger writes to the stdout it finds at import: keep it off what `config` and `plan` print for
+    programs, by importing it while stdout points at stderr."""
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed  # noqa: F401
+
+
+def checked(finders: tuple[inputs.Finder, ...], gpus: tuple[GPU, ...] | None = None,
+            nnodes: int = 1) -> tuple[Settings, Ranks]:
+    """The settings and their ranks on this machine's GPUs (or `gpus`), or exit 2 listing every problem."""
+    found = prepare.checked(finders, machine.gpus() if gpus is None else gpus, nnodes)
+    if found.problems or found.ranks is None:
+        refuse("settings are", found.problems)
+    return found.settings, found.ranks
+
+
+def prepared(s: Settings, facts: machine.Facts, ranks: Ranks, read_data: bool = True) -> prepare.Prepared:
+    """prepare(), or exit: 2 listing the data's problems, or the one-line reason no decision can run here."""
+    from ..data import DataError
+
+    try:
+        return prepare.prepare(s, facts, ranks, read_data=read_data)
+    except DataError as e:
+        refuse("data is", e.problems)
+    except CannotRun as e:
+        fail(str(e), e.exit_code)
+
+
+def config() -> None:
+    """The resolved settings, every decision (the data's too) and the DeepSpeed JSON the Trainer will use."""
+    from transformers import AutoConfig
+
+    from .dsfile import filled_ds_config
+    from .output import Paths
+    from .runs import make_spec
+
+    deepspeed_logs_to_stderr()  # before the checks, which read a DeepSpeed file with DeepSpeed
+    s, ranks = checked(inputs.CONFIG)
+    d = prepared(s, machine.measure(s.output_dir), ranks).decision
+    spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
+    args = spec.sft_config(in_rank=False)
+    # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
+    # DeepSpeed's train_batch_size counts data-parallel ranks: world / the GPUs that share each row
+    filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world // d.sequence_parallel,
+                              AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
+    click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
+                           "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
+                           "deepspeed": filled}, indent=2))
+
+
+def data(rows: int, per_token: bool, of_eval: bool) -> None:
+    """The data checked as the job checks it, then its first rows as tokenised, the loss-carrying tokens marked."""
+    from ..data import DataError, show
+    from ..data.tokens import Labeller
+    from ..planner import data as data_rules
+    from . import data as data_step
+
+    s, ranks = checked(inputs.ALWAYS)
+    deepspeed_logs_to_stderr()
+    try:
+        found = data_step.read(s, ranks)
+    except DataError as e:
+        refuse("data is", e.problems)
+    click.echo("\n".join(found.notes))
+    _, why = data_rules.loss_mode(s.loss_on, found.facts)
+    click.echo(f"loss on: {why}")
+    shown = found.eval if of_eval else found.train
+    if shown is None:
+        raise click.UsageError("no evaluation rows: set SFT_EVAL_DATASET, SFT_EVAL_SPLIT or SFT_EVAL_FRACTION")
+    labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, s.extra_trainer_args)
+    click.echo(show.render(shown, labeller, rows, s.packing, per_token))
+
+
+def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnodes: int, host_memory: float | None,
+         as_json: bool) -> None:
+    """Memory per GPU for every ZeRO option, and the decision, for this machine or the one the options describe."""
+    from ..planner.decide import decide
+    from ..planner.plan import format_table
+
+    deepspeed_logs_to_stderr()
+    s, problems = prepare.settings()  # the ranks are those of the machine the options describe, below
+    if problems := problems + inputs.problems(s, inputs.DECIDING):
+        refuse("settings are", problems)
+    facts = machine.measure(s.output_dir)
+    found = facts.machine
+    if not found.gpus and (gpus is None or gpu_memory is None):
+        raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
+    if gpus or gpu_memory:
+        count, memory = gpus or len(found.gpus), gpu_memory or found.gpus[0].memory_bytes / GIB
+        found = replace(found, gpus=(GPU("GPU", int(memory * GIB)),) * count)
+    found = replace(found, nodes=nnodes, **({"host_memory_bytes": int(host_memory * GIB)} if host_memory else {}))
+    s = replace(s, **{k: v for k, v in asked.items() if v is not None})
+    ranks, problems = prepare.ranks(s, found)
+    if problems or ranks is None:
+        fail(problems[0], exitcodes.BAD_SETTINGS)
+    try:
+        given = inputs.read(s, found, ranks)
+    except CannotRun as e:
+        fail(str(e), e.exit_code)
+    try:
+        d = decide(given)
+        p, explained, refused = d.plan, d.explain(), None
+    except CannotRun as e:
+        if e.plan is None:
+            fail(str(e), e.exit_code)
+        p, explained, d, refused = e.plan, f"  stage: {e}", None, str(e)
+    if as_json:
+        click.echo(json.dumps({**p.to_dict(), "decision": d.resolved() if d else None,
+                               **({"refused": refused} if refused else {})}, indent=2))
+    else:
+        click.echo(format_table(p) + "\n\ndecided:\n" + explained)
+
+
+def doctor() -> None:
+    """This machine's checks for the job, against the needs of the run the settings describe where they are known."""
+    from . import preflight
+
+    s, ranks = checked(inputs.DECIDING)
+    facts = machine.measure(s.output_dir)
+    try:
+        given = prepare.prepare(s, facts, ranks, read_data=False)
+        d = given.decision
+        needs = preflight.Needs.of(d, given.inputs.shape.total_params, s.save_total_limit, s.extra_trainer_args)
+        facts = machine.measure_links(facts, d.ranks)
+        click.echo(f"for {s.model} with {d.stage.label} on {d.ranks.world} rank(s):")
+    except CannotRun as e:
+        click.echo(f"the run's needs are unknown ({e}); checking the machine alone:")
+        needs = preflight.Needs()
+    results = preflight.run(facts, needs)
+    click.echo(preflight.format_checks(results))
+    sys.exit(exitcodes.PREFLIGHT if preflight.failed(results) else exitcodes.DONE)
+
+
+def status(target: str, revision: str | None, as_json: bool) -> None:
+    """Where a run is, from its output folder or its Hub repo (read only)."""
+    from . import status as run_status
+
+    target = target or os.environ.get("SFT_OUTPUT_DIR", "output")
+    if Path(target).is_dir():
+        found = run_status.of_folder(Path(target))
+    elif "/" in target and not target.startswith((".", "/", "~")):
+        found = _repo_status(target, revision)
+    else:
+        fail(f"{target} is neither an output folder nor a Hub repo (owner/name)", exitcodes.BAD_SETTINGS)
+    click.echo(found.to_json() if as_json else found.text())
+
+
+def _repo_status(repo_id: str, revision: str | None):
+    from ..hub.errors import http_status, short_error
+    from . import status as run_status
+
+    try:
+        return run_status.of_repo(repo_id, revision)
+    except Exception as e:  # noqa: BLE001 - one line naming the repo, not the client's traceback
+        fail(f"cannot read {repo_id} from the Hub ({short_error(e)}): check the name, and a token that can read it "
+             "(HF_TOKEN or `hf auth login`)", exitcodes.HUB_AUTH if http_status(e) in (401, 403, 404)
+             else exitcodes.HUB_UNREACHABLE)
+
+
+def export(checkpoint: str, out: str) -> None:
+    """Full fp32 weights from a checkpoint-N folder, via DeepSpeed's zero_to_fp32."""
+    from . import export as exporter
+
+    try:
+        exporter.export(checkpoint, out)
+    except exporter.NotACheckpoint as e:
+        fail(str(e), exitcodes.BAD_SETTINGS)
+    click.echo(f"wrote fp32 weights to {out}")
+
+
+def job(probe_only: bool) -> int:
+    """`run` and `probe`: the job, with what runs best from the process's start begun before the settings' inputs
+    are read, and stopped if they are refused: FlashAttention-4's import check (machine.early_import_check says
+    why) and, where the settings themselves are valid, the ranks (standby.py)."""
+    from . import job as recipe
+    from . import standby
+
+    where = nodes.from_env(os.environ)
+    s, problems = prepare.settings()
+    check = machine.early_import_check(s.attention)
+    gpus = machine.gpus()
+    ranks, refused = prepare.ranks(s, Machine(gpus=gpus, nodes=where.nnodes))
+    problems += refused
+    waiting = standby.start(s, ranks, where, gpus) if not problems and ranks else None  # inputs checked meanwhile
+    problems += inputs.problems(s, inputs.JOB)
+    if problems or ranks is None:
+        if check is not None:
+            check.cancel()
+        if waiting is not None:
+            waiting.end()
+        refuse("settings are", problems)
+    return recipe.run(s, ranks, gpus, check, waiting, probe_only=probe_only)
