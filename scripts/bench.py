@@ -124,7 +124,7 @@ def attention_flops_per_token(model: str, data: str, max_length: int, sample: in
 def run_probe(name: str, model: str, data: str, steps: int, work: Path, settings: dict,
               profile_step: int = 0, timeline: str | None = None) -> dict:
     """`entrypoint.py probe` with these SFT_* settings (and a config's own `env`) into WORK/NAME; its
-    probe.json figures, and with profile_step the profile of that step (sft/ranks/profiling.py)."""
+    probe.json figures, and with profile_step the profile of that step (sft/dev/profiling.py)."""
     settings = dict(settings)
     if "zero" in settings:  # the shipped config of the stage, with these zero_optimization keys, as SFT_DS_CONFIG
         sys.path.insert(0, str(REPO))

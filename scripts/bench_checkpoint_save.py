@@ -1,6 +1,6 @@
 """A checkpoint's save on a GPU machine: tensors the size of ZeRO-2's state of a model on one GPU (the bf16
 weights, the fp32 master weights and Adam's moments as flat partitions) saved in one file by torch.save and by
-the job's writer (sft/ranks/saving.py) in turns, A/B/A/B; with --pieces, where torch.save's time goes (the
+the job's writer (sft/ranks/patches/saving.py) in turns, A/B/A/B; with --pieces, where torch.save's time goes (the
 copy off the GPU, the write, torch's use_pinned_memory_for_d2h off and on). Prints one line per figure and
 writes them as JSON.
 
@@ -23,7 +23,7 @@ import torch
 from torch.utils.serialization import config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sft.ranks import saving  # noqa: E402
+from sft.ranks.patches import saving  # noqa: E402
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
     weights = torch.randn(n, dtype=torch.bfloat16, device="cuda")
     master = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
     moment = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
-    config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
+    config.save.compute_crc32 = False  # as the job saves (sft/ranks/patches/)
     if not args.pieces:  # the same ZeRO-2-sized state in one file, the job's writer against torch.save
         state = {"module": weights, "fp32": master, "exp_avg": moment,
                  "exp_avg_sq": torch.empty_like(moment).normal_()}
@@ -79,7 +79,7 @@ def main() -> None:
           lambda: pinned.copy_(master, non_blocking=True))
     config.save.compute_crc32 = True
     timed(f"torch.save {gb:.1f} GB fp32 from host memory, CRC32 on", lambda: save({"t": host}))
-    config.save.compute_crc32 = False  # as the job saves (sft/ranks/upstream.py)
+    config.save.compute_crc32 = False  # as the job saves (sft/ranks/patches/)
     timed(f"torch.save {gb:.1f} GB fp32 from host memory, CRC32 off", lambda: save({"t": host}))
     timed(f"torch.save {gb:.1f} GB fp32 from the GPU, CRC32 off", lambda: save({"t": master}))
     timed(f"torch.save {gb / 2:.1f} GB bf16 from the GPU, CRC32 off", lambda: save({"t": weights}))

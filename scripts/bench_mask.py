@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seconds to build flex attention's block mask the job's way (sft/ranks/upstream.py: evaluated a band of
+"""Seconds to build flex attention's block mask the job's way (sft/ranks/patches/: evaluated a band of
 query rows at a time, nothing compiled) for one packed row of LENGTH tokens: documents of 900 tokens, causal.
 The ranks build it once a step; this prints its cost alone, the third build of each length (the first two
 warm the allocator), between torch.cuda.synchronize() calls.
@@ -17,7 +17,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sft.ranks.upstream import block_mask_by_rows  # noqa: E402
+from sft.ranks.patches.masks import block_mask_by_rows  # noqa: E402
 
 
 @click.command()

@@ -5,7 +5,7 @@ shape, beside the cheaper ways of doing the same work: how much of a step the op
 DeepSpeed 0.19.8's step, one rank, bf16, clipping on (deepspeed/runtime/zero/stage_1_and_2.py): the gradient
 norm one parameter at a time in fp64 (a copy, then a norm, 398 times for Qwen3-4B), a cat of the bf16
 gradients and a cast to fp32, the clipping's multiply, torch's fused AdamW, the copy of the fp32 weights back
-to bf16; and the job's step, which does the last four in one pass (sft/ranks/adamw.py). Each is timed as the
+to bf16; and the job's step, which does the last four in one pass (sft/ranks/patches/adamw.py). Each is timed as the
 mean of 3 runs after one warm-up, between CUDA events.
 
     python scripts/bench_optimizer_kernels.py [--shape qwen3-4b]
@@ -23,7 +23,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from make_synthetic import SHAPES, qwen3_config  # noqa: E402
 
-from sft.ranks import adamw  # noqa: E402
+from sft.ranks.patches import adamw  # noqa: E402
 
 
 def shapes_of(shape: str) -> list[torch.Size]:
@@ -102,7 +102,7 @@ def main(shape: str) -> None:
     torch.cuda.synchronize()
     first = time.perf_counter() - began
     ms = timed(lambda: adamw.step(optimizer, 0, weights, flat_bf16, bf16_weights, clip))
-    click.echo(f"{ms:8.2f} ms  the job's step (sft/ranks/adamw.py, compiled): AdamW from the bf16 gradients x the "
+    click.echo(f"{ms:8.2f} ms  the job's step (sft/ranks/patches/adamw.py, compiled): AdamW from the bf16 gradients x the "
                "clipping into the fp32 and the bf16 weights, in place of the cast, the multiply, AdamW and the copy; "
                f"its first call {first:.2f} s (Inductor's compilation of this size, unless its cache had it)")
 

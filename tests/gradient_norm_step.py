@@ -1,10 +1,10 @@
-"""DeepSpeed's ZeRO-2 gradient norm against the job's (sft/ranks/upstream.py::gradient_norm_in_fp32) on the same
+"""DeepSpeed's ZeRO-2 gradient norm against the job's (sft/ranks/patches/zero_step.py::gradient_norm_in_fp32) on the same
 training: real DeepSpeed in bf16 on CPU ranks (gloo), clipping on, three steps with DeepSpeed's own norm, then the
 same three steps from the same weights with the job's; then with each, one step whose gradient holds a NaN.
 Parameters of odd sizes, so with two ranks a parameter is split between them and the partitions are padded. Rank 0
 prints one JSON line.
 Usage: python -m tests.gradient_norm_step PORT RANK WORLD_SIZE, from the repository root (run by
-tests/test_upstream.py)."""
+tests/test_patches.py)."""
 
 import json
 import os
@@ -17,7 +17,7 @@ import deepspeed  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from sft.ranks import upstream  # noqa: E402
+from sft.ranks.patches import zero_step  # noqa: E402
 from sft.stages import shipped_config  # noqa: E402
 
 config = shipped_config("2")
@@ -53,8 +53,8 @@ def train(steps: int, nan_at: int | None = None) -> list[float]:
 
 
 deepspeeds, deepspeeds_nan = train(3), train(1, nan_at=0)
-upstream.gradient_norm_in_fp32()
-upstream.gradient_norm_in_fp32()  # installed twice: wraps once
+zero_step.gradient_norm_in_fp32()
+zero_step.gradient_norm_in_fp32()  # installed twice: wraps once
 jobs, jobs_nan = train(3), train(1, nan_at=0)
 if rank == "0":
     print(json.dumps({"deepspeed": deepspeeds, "job": jobs, "deepspeed_nan": deepspeeds_nan, "job_nan": jobs_nan}))

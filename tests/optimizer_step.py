@@ -1,11 +1,11 @@
-"""DeepSpeed's ZeRO-1 or 2 step against the job's (sft/ranks/upstream.py::zero_step_in_one_pass) on the same training:
+"""DeepSpeed's ZeRO-1 or 2 step against the job's (sft/ranks/patches/zero_step.py::zero_step_in_one_pass) on the same training:
 real DeepSpeed in bf16 on CPU ranks (gloo), torch's AdamW with two parameter groups (weight decay and none, as
 the Trainer makes them) and a learning rate that changes each step, clipping on; four steps with DeepSpeed's
 own step, then the same four from the same weights with the job's. Then the job's engine saves a checkpoint,
 a fresh engine with DeepSpeed's own step loads it, and both take one more step. Parameters of odd sizes, so
 with two ranks a parameter is split between them and the partitions are padded. Rank 0 prints one JSON line.
 Usage: python -m tests.optimizer_step PORT RANK WORLD_SIZE FUSED CHECKPOINT_DIR STAGE, from the repository root
-(run by tests/test_upstream.py)."""
+(run by tests/test_patches.py)."""
 
 import json
 import os
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from deepspeed.runtime.zero import stage_1_and_2 as zero  # noqa: E402
 from torch import nn  # noqa: E402
 
-from sft.ranks import adamw, upstream  # noqa: E402
+from sft.ranks.patches import adamw, zero_step  # noqa: E402
 from sft.stages import shipped_config  # noqa: E402
 
 config = shipped_config(stage)
@@ -64,8 +64,8 @@ def train(engine, steps: int, seed: int) -> list[dict]:
 
 
 deepspeeds = train(engine_of(), 4, seed=1)
-upstream.zero_step_in_one_pass()
-upstream.zero_step_in_one_pass()  # installed twice: wraps once
+zero_step.zero_step_in_one_pass()
+zero_step.zero_step_in_one_pass()  # installed twice: wraps once
 calls = []
 real = adamw.step
 adamw.step = lambda *args: calls.append(args[1]) or real(*args)  # counts the groups the job's step served

@@ -19,7 +19,8 @@ from sft.controller.output import Paths
 from sft.controller.runs import make_spec
 from sft.handoff import RunSpec, lock_held
 from sft.planner.inputs import Ranks
-from sft.ranks import attention_ahead, upstream
+from sft.ranks import attention_ahead
+from sft.ranks.patches import flash_attention_4
 from sft.settings import Settings
 
 ON_GPU = Ranks(count=1, gpus=(0,))
@@ -80,7 +81,7 @@ def test_a_ranks_first_attention_call_waits_for_the_process_then_none_does(tmp_p
     fcntl.flock(fd, fcntl.LOCK_EX)
     threading.Timer(0.5, os.close, (fd,)).start()  # the process ends half a second from now
     calls = []
-    forward = upstream._after_kernels_ahead(lambda *a, **k: calls.append((a, k)) or "out", lock)
+    forward = flash_attention_4._after_kernels_ahead(lambda *a, **k: calls.append((a, k)) or "out", lock)
     began = time.monotonic()
     assert forward(1, key=2) == "out" and time.monotonic() - began >= 0.45
     fcntl.flock(fd2 := os.open(lock, os.O_WRONLY), fcntl.LOCK_EX)  # held again: the later calls do not look

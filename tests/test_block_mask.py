@@ -1,4 +1,4 @@
-"""Flex attention's block mask built without compiling (sft/ranks/upstream.py): the same BlockMask torch's
+"""Flex attention's block mask built without compiling (sft/ranks/patches/): the same BlockMask torch's
 create_block_mask makes, for the masks the job's packed rows get from Transformers, on CPU."""
 
 import itertools
@@ -8,7 +8,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from transformers import masking_utils as mu
 
-from sft.ranks import upstream
+from sft.ranks.patches import masks
 
 
 def packed_mask(lengths_per_row: list[list[int]]):
@@ -41,7 +41,7 @@ def assert_same(ours, torchs):
 ])
 def test_same_block_mask_as_torch(rows, elements):
     mask_mod, length = packed_mask(rows)
-    ours = upstream.block_mask_by_rows(mask_mod, len(rows), 1, length, length, "cpu", elements=elements)
+    ours = masks.block_mask_by_rows(mask_mod, len(rows), 1, length, length, "cpu", elements=elements)
     torchs = create_block_mask(mask_mod, len(rows), None, length, length, device="cpu", _compile=False)
     assert_same(ours, torchs)
 
@@ -52,7 +52,7 @@ def test_attention_with_it_is_per_conversation():
     rows = [[200, 57, 300]]
     mask_mod, length = packed_mask(rows)
     q, k, v = (torch.randn(1, 2, length, 16) for _ in range(3))
-    out = flex_attention(q, k, v, block_mask=upstream.block_mask_by_rows(mask_mod, 1, 1, length, length, "cpu"))
+    out = flex_attention(q, k, v, block_mask=masks.block_mask_by_rows(mask_mod, 1, 1, length, length, "cpu"))
     start = 0
     for n in rows[0]:
         s = slice(start, start + n)
@@ -64,7 +64,7 @@ def test_attention_with_it_is_per_conversation():
 def test_registered_for_transformers_flex_attention():
     """After installing it, Transformers' flex mask (as create_causal_mask calls it) is the one built here,
     and equals torch's; padding is kept out as in Transformers' own."""
-    upstream.flex_block_mask_uncompiled()
+    masks.flex_block_mask_uncompiled()
     make = mu.ALL_MASK_ATTENTION_FUNCTIONS["flex_attention"]
     assert make is not mu.flex_attention_mask
     mask_mod, length = packed_mask([[100, 156]])
@@ -88,6 +88,6 @@ def test_same_block_mask_as_torch_with_padding_and_heads():
         return padded(b, h, q_idx, kv_idx) & ((h == 0) | (q_idx - kv_idx < 64))
 
     for mod, heads in ((padded, 1), (by_head, 2)):
-        ours = upstream.block_mask_by_rows(mod, 2, heads, length, length, "cpu", elements=2 * heads * 256 * length)
+        ours = masks.block_mask_by_rows(mod, 2, heads, length, length, "cpu", elements=2 * heads * 256 * length)
         torchs = create_block_mask(mod, 2, heads, length, length, device="cpu", _compile=False)
         assert_same(ours, torchs)

@@ -136,10 +136,10 @@ def test_flash_attention_4_keeps_packed_sequences_apart():
                 assert drift > 0.2, drift
             start += len(seq)
 
-    # compiled layers, as the job runs them (upstream.flash_attention_4): the same packed losses
-    from sft.ranks import upstream
+    # compiled layers, as the job runs them (flash_attention_4.flash_attention_4): the same packed losses
+    from sft.ranks.patches import flash_attention_4
 
-    upstream.flash_attention_4(outside_compile=True)
+    flash_attention_4.flash_attention_4(outside_compile=True)
     model.set_attn_implementation("flash_attention_4")
     for layer in model.model.layers:
         layer.compile()
@@ -150,11 +150,11 @@ def test_flash_attention_4_keeps_packed_sequences_apart():
 
 
 def test_a_checkpoint_written_from_the_gpu_is_torch_saves_byte_for_byte(tmp_path):
-    """sft/ranks/saving.py's pinned ring: GPU storages in chunks, after the work queued on them, into the file
+    """sft/ranks/patches/saving.py's pinned ring: GPU storages in chunks, after the work queued on them, into the file
     torch.save writes; a second save reuses the ring instead of pinning more host memory."""
     from torch.utils.serialization import config
 
-    from sft.ranks import saving
+    from sft.ranks.patches import saving
 
     before, config.save.compute_crc32 = config.save.compute_crc32, False  # as the ranks save
     try:
@@ -176,11 +176,11 @@ def test_a_checkpoint_written_from_the_gpu_is_torch_saves_byte_for_byte(tmp_path
 
 
 def test_the_zero_step_in_one_pass_compiled_is_torchs_fused_adamw():
-    """sft/ranks/adamw.py compiled on the GPU (as the job runs it under ZeRO-1/2) against torch's fused AdamW on
+    """sft/ranks/patches/adamw.py compiled on the GPU (as the job runs it under ZeRO-1/2) against torch's fused AdamW on
     the same fp32 master weights, from the bf16 gradients cast and clipped as DeepSpeed does, over three steps
     with a changing learning rate and weight decay; the bf16 weights written are the master weights rounded.
-    (The eager form is held to DeepSpeed's own step by tests/test_upstream.py.)"""
-    from sft.ranks import adamw
+    (The eager form is held to DeepSpeed's own step by tests/test_patches.py.)"""
+    from sft.ranks.patches import adamw
 
     generator = torch.Generator(device="cuda").manual_seed(0)
     master = torch.randn(5_000_003, device="cuda", generator=generator)  # odd: a partial last block
@@ -207,7 +207,7 @@ def test_the_zero_step_in_one_pass_compiled_is_torchs_fused_adamw():
 def test_the_zero_step_in_one_pass_reaches_the_end_of_a_partition_past_2_31_elements():
     """A ZeRO partition of one GPU holds every parameter of a group (4.0 billion for Qwen3-4B): the compiled
     kernel's offsets must not wrap at 2**31. The last elements, past it, against `update` as written (on their own)."""
-    from sft.ranks import adamw
+    from sft.ranks.patches import adamw
 
     n, tail = 2**31 + 4_099, 8_192
     master = torch.full((n,), 0.5, device="cuda")
@@ -231,7 +231,7 @@ def test_the_zero_step_in_one_pass_reaches_the_end_of_a_partition_past_2_31_elem
 
 @pytest.mark.parametrize("kept", [0, 1, 4], ids=lambda n: f"{n}-of-4-tiles-kept")
 def test_the_lm_heads_kept_tiles_give_trls_numbers_on_the_gpu(kept):
-    """sft/ranks/lm_head.py against TRL's fused head through its Triton folds: 8,188 tokens (two token tiles) of a
+    """sft/ranks/patches/lm_head.py against TRL's fused head through its Triton folds: 8,188 tokens (two token tiles) of a
     40,000-token vocabulary (a 32,768 tile and a narrower one)."""
     from test_lm_head import compare
 

@@ -194,7 +194,7 @@ def assert_follows(summary: dict, reference: dict, after: int) -> None:
 
 def on_a_small_disk(tmp_path: Path, disk_dir: Path, fill_at: int, leave: int) -> dict[str, str]:
     """The ZeRO-2 job of `runs`, its output on a small disk that another writer fills before the save at
-    step `fill_at`, leaving `leave` bytes (sft/ranks/faults.py)."""
+    step `fill_at`, leaving `leave` bytes (sft/dev/faults.py)."""
     env = demo_env(tmp_path, zero_stage="2", **JOB)
     env.update(SFT_OUTPUT_DIR=str(disk_dir / "out"), SFTTEST_FILL_DISK=f"{fill_at}:{leave}:{disk_dir / 'filler'}")
     return env

@@ -1,4 +1,4 @@
-"""The LM head with its logits tiles kept for the backward (sft/ranks/lm_head.py) gives what TRL's own fused head
+"""The LM head with its logits tiles kept for the backward (sft/ranks/patches/lm_head.py) gives what TRL's own fused head
 gives, whatever share of the tiles its budget keeps: the same log-probabilities, entropy, top-1 flags and
 gradients, bit for bit (the tiles are the same GEMM's output, kept or computed again). On CPU, through TRL's torch
 fold of each tile; the GPU's Triton fold is the same kernel in both (tests/test_gpu.py runs the job there)."""
@@ -10,7 +10,7 @@ import torch
 from trl.kernels import ChunkedLogProbFunction
 from trl.kernels import chunked_logprob as trl_head
 
-from sft.ranks.lm_head import TilesKeptLogProb, tile_bounds
+from sft.ranks.patches.lm_head import TilesKeptLogProb, tile_bounds
 
 TOKENS, HIDDEN, VOCAB, CHUNK = trl_head.TOKEN_CHUNK_SIZE + 77, 16, 300, 128  # 2 token chunks x 3 vocab chunks
 OUTPUTS = ("entropy", "is_top1")

@@ -234,13 +234,13 @@ MEASURED_LIGER = [(Q4, 1, "2", 2, 2, 2048, False, 100.18), (Q4, 1, "2", 4, 1, 20
                   (Q4, 1, "2", 1, 1, 131072, True, 124.18)]
 
 
-# 2026-12-03, the defaults with ZeRO-2's step in one pass (sft/ranks/adamw.py: no fp32 gradient partition),
+# 2026-12-03, the defaults with ZeRO-2's step in one pass (sft/ranks/patches/adamw.py: no fp32 gradient partition),
 # FlashAttention-4, layers compiled (counted as Liger's), 4 rows of 2,048: two runs, one machine (docs/speed.md)
 MEASURED_ONE_PASS = [(Q4, 1, "2", 4, 1, 2048, False, 92.94), (Q4, 1, "2", 4, 1, 2048, False, 92.94)]
 
 
 # All of the above ran TRL's own LM head, which projects its tiles again in the backward (kept: False).
-# 2026-12-04, the same defaults with the LM head's 8,188 x 151,936 tiles kept for the backward (sft/ranks/lm_head.py):
+# 2026-12-04, the same defaults with the LM head's 8,188 x 151,936 tiles kept for the backward (sft/ranks/patches/lm_head.py):
 # five runs on two machines (docs/speed.md)
 MEASURED_KEPT = [(Q4, 1, "2", 4, 1, 2048, False, 94.83)]
 

@@ -1,10 +1,10 @@
-"""The timeline profile's idle-time reports (sft/ranks/profiling.py::gaps_report with Python stacks,
+"""The timeline profile's idle-time reports (sft/dev/timeline.py::gaps_report with Python stacks,
 light_report without), on traces of known gaps and on a real trace of torch's profiler (its event format,
 which the reports read)."""
 
 import torch
 
-from sft.ranks.profiling import gaps_report, light_report
+from sft.dev.timeline import gaps_report, light_report
 
 
 def _py(pid, name, ts, dur, parent):

@@ -1,4 +1,4 @@
-"""The step's numbers read without waiting for the GPU's queue (sft/ranks/reads.py) are the numbers TRL and the
+"""The step's numbers read without waiting for the GPU's queue (sft/ranks/patches/reads.py) are the numbers TRL and the
 Trainer log themselves: the demo job on two CPU ranks, once with the Reads and once with their own `.item()`s
 (SFTDEV_OWN_READS=1), every logged value compared, over a whole epoch whose last batch is short on one rank
 (where TRL's gather_for_metrics leaves that rank's copies out)."""

@@ -1,4 +1,4 @@
-"""sft/ranks/saving.py: a checkpoint file written by records is torch.save's file, byte for byte.
+"""sft/ranks/patches/saving.py: a checkpoint file written by records is torch.save's file, byte for byte.
 
 Here on the host (the records written from host memory, as CPU ranks save); the GPU's pinned ring is tested
 in tests/test_gpu.py. The jobs of the other tests save and resume their DeepSpeed checkpoints through it.
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.serialization import config
 
-from sft.ranks import saving
+from sft.ranks.patches import saving
 
 
 class Holder:  # an object pytree cannot see into: its tensor is still a record
@@ -38,7 +38,7 @@ def state() -> dict:
 @pytest.fixture
 def crc32_off():
     before = config.save.compute_crc32
-    config.save.compute_crc32 = False  # as the ranks save (upstream.checkpoints_without_crc32)
+    config.save.compute_crc32 = False  # as the ranks save (checkpoints.checkpoints_without_crc32)
     yield
     config.save.compute_crc32 = before
 
@@ -73,10 +73,10 @@ def test_what_skip_data_refuses_is_written_by_torch_save(tmp_path):
 def test_deepspeeds_checkpoint_engine_writes_through_it(tmp_path, crc32_off, monkeypatch):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from sft.ranks import upstream
+    from sft.ranks.patches import checkpoints
 
-    upstream.checkpoints_by_records()
-    upstream.checkpoints_by_records()  # once only, however often the rank calls it
+    checkpoints.checkpoints_by_records()
+    checkpoints.checkpoints_by_records()  # once only, however often the rank calls it
     calls = []
     real = saving.save
     monkeypatch.setattr(saving, "save", lambda obj, path: calls.append(path) or real(obj, path))

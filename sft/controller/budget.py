@@ -9,7 +9,7 @@ from typing import Any
 from ..console import say
 from ..planner.budget import Budget, BudgetCall, Overheads, gate
 from ..planner.deadline import ASSUMED_SAVE_BYTES_PER_S, ASSUMED_UPLOAD_BYTES_PER_S
-from ..planner.decide import Decision
+from ..planner.decision import Decision
 from ..settings import Settings
 from . import figures
 from .preflight import Needs

@@ -25,7 +25,7 @@ from ..events import EVENTS_FILE, BudgetChecked, Decided, Ended, EventLog, Setti
 from ..handoff import write_json
 from ..hub.errors import HubError
 from ..planner import decide, disk, restart
-from ..planner.decide import Decision
+from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
 from ..settings import Settings, refusal
@@ -143,20 +143,9 @@ def recipe(job: Job, facts: machine.Facts, target, found: data.Found, probe_only
     held = None
     if s.probe_steps > 0 and resume is None:
         parts.phases.done("preflight")
-        parts.probe = outcome = probe.probe(runner, prepared.inputs, d, recheck, train_on=not probe_only)
-        parts.decision = d = outcome.decision
-        held = outcome.held
-        parts.phases.done("batch_search_and_probe")
-        if outcome.code == exitcodes.DONE:
-            parts.budget = call = budget_of(s, outcome, runner, d, events, probe_only)
-            if call.verdict == "truncate" and not probe_only:
-                parts.decision = d = decide.cap_steps(d, call.max_steps, "the steps that fit the budget "
-                                                                         "(SFT_BUDGET_ACTION=truncate)")
-            if call.verdict == "refuse" and not probe_only:
-                return close(job, parts, target, exitcodes.OVER_BUDGET, "over budget", held=held)
-        if outcome.code != exitcodes.DONE or probe_only:
-            status = {exitcodes.DONE: "probed", exitcodes.STOPPED: "stopped"}.get(outcome.code, "probe failed")
-            return close(job, parts, target, outcome.code, status, held=held)
+        d, held, ending = probed(job, runner, parts, prepared.inputs, recheck, probe_only)
+        if ending is not None:
+            return close(job, parts, target, *ending, held=held)
     elif probe_only:
         say("nothing to probe (SFT_PROBE_STEPS=0, or resuming a run already probed)")
         return exitcodes.DONE
@@ -170,6 +159,26 @@ def recipe(job: Job, facts: machine.Facts, target, found: data.Found, probe_only
         parts.reshard, resume = converted.summary, converted.path
         parts.phases.done("reshard")
     return train(job, runner, parts, target, held, resume)
+
+
+def probed(job: Job, runner: Runner, parts: summary.Parts, given, recheck, probe_only: bool
+           ) -> tuple[Decision, Held | None, tuple[int, str] | None]:
+    """The batch search and the probe, then the budget gate on its projection: the decision as they leave it, the
+    training's launch where it waits after the probe's steps, and (exit code, status) where the job ends here."""
+    parts.probe = outcome = probe.probe(runner, given, parts.decision, recheck, train_on=not probe_only)
+    parts.decision = d = outcome.decision
+    parts.phases.done("batch_search_and_probe")
+    if outcome.code == exitcodes.DONE:
+        parts.budget = call = budget_of(job.s, outcome, runner, d, job.events, probe_only)
+        if call.verdict == "truncate" and not probe_only:
+            parts.decision = d = decide.cap_steps(d, call.max_steps, "the steps that fit the budget "
+                                                                     "(SFT_BUDGET_ACTION=truncate)")
+        if call.verdict == "refuse" and not probe_only:
+            return d, outcome.held, (exitcodes.OVER_BUDGET, "over budget")
+    if outcome.code != exitcodes.DONE or probe_only:
+        status = {exitcodes.DONE: "probed", exitcodes.STOPPED: "stopped"}.get(outcome.code, "probe failed")
+        return d, outcome.held, (outcome.code, status)
+    return d, outcome.held, None
 
 
 def finished_before(s: Settings, paths: Paths) -> int | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..planner import disk
-from ..planner.decide import Decision
+from ..planner.decision import Decision
 from ..planner.rules import pin_memory_rule
 from ..units import GB, GIB
 from .machine import Facts

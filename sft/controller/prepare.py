@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..planner import rules
-from ..planner.decide import Decision, decide
+from ..planner.decide import decide
+from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Inputs, Machine, Ranks
 from ..settings import Settings, SettingsError, from_env
 from . import data, inputs

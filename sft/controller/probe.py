@@ -18,7 +18,7 @@ from ..console import say
 from ..events import Escalated, ProbeTry
 from ..handoff import RankReport, Split, write_json
 from ..planner import decide
-from ..planner.decide import Decision
+from ..planner.decision import Decision
 from ..planner.inputs import Inputs
 from ..planner.plan import GPU_FREE_FRACTION
 from ..units import GIB

@@ -10,7 +10,7 @@ from ..events import EVENTS_FILE, EventLog
 from ..handoff import RankReport, RunSpec, Verdict, write_json
 from ..planner.arguments import Run, arguments
 from ..planner.budget import Overheads
-from ..planner.decide import Decision
+from ..planner.decision import Decision
 from ..settings import Settings
 from . import budget
 from .coordinate import Team

@@ -12,7 +12,7 @@ from ..console import say
 from ..handoff import RankReport, Record, Summary
 from ..planner.budget import BudgetCall
 from ..planner.deadline import Deadline
-from ..planner.decide import Decision
+from ..planner.decision import Decision
 from ..planner.plan import Plan
 from ..settings import Settings
 from ..units import gib

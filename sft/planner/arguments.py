@@ -15,7 +15,7 @@ from typing import Any
 from .. import tracking
 from ..handoff import DataPlan
 from ..settings import Settings
-from .decide import Decision
+from .decision import Decision
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              lambda r: r.decision.split.micro_batch),
     Argument("dataset_text_field", "the job (it trains on a 'text' column: rename yours)", lambda r: "text"),
     # On CPU ranks the Trainer must use the gloo state the rank made (docs/facts.md). On GPUs each batch is copied
-    # from pinned memory without the host waiting for the GPU's queue (sft/ranks/reads.py says why)
+    # from pinned memory without the host waiting for the GPU's queue (sft/ranks/patches/reads.py says why)
     Argument("accelerator_config", "the job (the ranks' process group)",
              lambda r: {"use_configured_state": not r.decision.ranks.on_gpu, "non_blocking": r.decision.ranks.on_gpu}),
     Argument("parallelism_config", "SFT_SEQUENCE_PARALLEL", _sequence_parallelism),

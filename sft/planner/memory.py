@@ -53,7 +53,7 @@ FUSED_LM_HEAD = True
 TRL_TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 TRL_VOCAB_TILE = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 TILE_BYTES = 2  # the bf16 tile buffer
-# The forward's tiles kept for the backward (sft/ranks/lm_head.py), so that it does not project them again: up to
+# The forward's tiles kept for the backward (sft/ranks/patches/lm_head.py), so that it does not project them again: up to
 # this share of the GPU's memory, and only of what the plan leaves free (plan.py: they never make a plan not fit).
 # 3% holds all of Qwen3's 8,192 x 151,936 tiles (2.32 GiB, the defaults) on an 80 GiB GPU.
 HEAD_KEPT_FRACTION = 0.03
@@ -78,7 +78,7 @@ DS_DEFAULTS = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
 # are two peaks, and the plan takes the larger (ZeRO-2 with checkpointing peaks here whatever the
 # tokens per micro-batch: docs/memory-planner.md).
 STEP_FP32_GRAD_BYTES = 4
-# ZeRO-1/2's step in one pass (sft/ranks/adamw.py: bf16 on GPUs, torch's fused AdamW, no offload) makes no
+# ZeRO-1/2's step in one pass (sft/ranks/patches/adamw.py: bf16 on GPUs, torch's fused AdamW, no offload) makes no
 # fp32 gradient partition: not the 4 bytes DeepSpeed's estimator counts with the model states, not the step's
 # 4 above; its step holds the flattened 16-bit gradients instead. Measured on one H200 (2026-12-03, Qwen3-4B,
 # 4 x 2,048 tokens, no checkpointing): a peak of 92.94 GiB against 107.93 with DeepSpeed's step.
@@ -181,7 +181,7 @@ def head_tiles_bytes(shape: ModelShape, micro_batch: int, max_length: int) -> in
 def head_tiles_kept(shape: ModelShape, micro_batch: int, max_length: int, gpu_bytes: int, room: int) -> int:
     """Bytes of the LM head's tiles the ranks keep for the backward: all of them, up to HEAD_KEPT_FRACTION of the
     GPU and to `room`, what the plan leaves free counting their margin (0: TRL's own, every tile projected
-    again). The ranks keep whole tiles up to this many bytes (sft/ranks/lm_head.py)."""
+    again). The ranks keep whole tiles up to this many bytes (sft/ranks/patches/lm_head.py)."""
     room = int(max(room, 0) / (1 + FRAGMENTATION))
     return max(0, min(head_tiles_bytes(shape, micro_batch, max_length), int(HEAD_KEPT_FRACTION * gpu_bytes), room))
 
@@ -246,14 +246,14 @@ def accumulation_bytes(stage: Stage, total_params: int, total_gpus: int, grad_ac
     return ACCUMULATION_BYTES * -(-total_params // total_gpus)
 
 
-# --- Flex attention's block mask, built at each forward (sft/ranks/upstream.py::block_mask_by_rows): the boolean
+# --- Flex attention's block mask, built at each forward (sft/ranks/patches/masks.py::block_mask_by_rows): the boolean
 # mask of at most MASK_ELEMENTS_AT_ONCE elements at a time, a band of query rows, then torch's block reduction,
 # whose temporaries are wider than the mask. Measured on one H200 (2026-12-04, the demo model, 64 packed rows
 # of 128 tokens: one row of 8,192, 2^26 elements at once): the allocator reserved 1.164 GiB for it (two
 # 466 MiB segments in the block reduction, four of 58-60 MiB for the mask), 18.2 bytes an element. Nothing
 # else is held then but the model states (the forward has not begun), so it is a peak of its own, beside the
 # backward's and the step's; a tiny model's whole peak, which the plan had put at 0.04 GiB.
-MASK_ELEMENTS_AT_ONCE = 1 << 26  # 64 MB of booleans; upstream.py builds the mask by this
+MASK_ELEMENTS_AT_ONCE = 1 << 26  # 64 MB of booleans; sft/ranks/patches/masks.py builds the mask by this
 MASK_BUILD_BYTES = 19  # per element evaluated at once
 MASK_BLOCK = 128  # flex attention's block (torch's _DEFAULT_SPARSE_BLOCK_SIZE): a band is whole blocks of rows
 
@@ -261,7 +261,7 @@ MASK_BLOCK = 128  # flex attention's block (torch's _DEFAULT_SPARSE_BLOCK_SIZE):
 def flex_mask_elements(micro_batch: int, row_tokens: int, packing: bool) -> int:
     """Elements of flex attention's mask evaluated at once: packed rows arrive as one row of all the micro-batch's
     tokens (TRL's padding-free collator), unpacked as micro_batch rows; a band of query rows at a time, as
-    upstream.block_mask_by_rows cuts them."""
+    masks.block_mask_by_rows cuts them."""
     batch, length = (1, micro_batch * row_tokens) if packing else (micro_batch, row_tokens)
     band = max(MASK_BLOCK, MASK_ELEMENTS_AT_ONCE // (batch * length) // MASK_BLOCK * MASK_BLOCK)
     return batch * min(band, length) * length

@@ -37,7 +37,7 @@ class Setup:
     liger_kernels: bool = False  # or compiled layers: their activations measured the same (docs/speed.md)
     offload_activations: bool = False  # checkpoints in host memory (with gradient_checkpointing)
     sequence_parallel: int = 1  # GPUs of a node that share each row (DeepSpeed's Ulysses)
-    one_pass_step: bool = False  # ZeRO-1/2's step in one pass, with no fp32 gradients (sft/ranks/adamw.py)
+    one_pass_step: bool = False  # ZeRO-1/2's step in one pass, with no fp32 gradients (sft/ranks/patches/adamw.py)
     flex_mask_elements: int = 0  # flex attention's mask evaluated at once (memory.flex_mask_elements); 0: other kernels
     head_tiles_kept: bool = True  # the LM head's tiles kept for the backward where there is room (memory.py); False:
     # TRL's own head, which projects them again (every peak measured before they were kept)

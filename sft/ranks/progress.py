@@ -18,8 +18,7 @@ from transformers import TrainerCallback
 
 from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, Evaluated, EventLog, Progress
 from ..handoff import CheckpointRecord, RankReport, write_json
-from . import faults
-from .reads import Read
+from .patches.reads import Read
 
 PROGRESS_EVERY_S = 2.0  # run/progress.json is rewritten at most this often (and after each save)
 RATE_WINDOW = 20  # steps over which seconds per step are taken
@@ -124,7 +123,6 @@ class ProgressCallback(TrainerCallback):
             self._refuse_to_save_diverged(state)
             self._save_began = time.monotonic()
         if control.should_save and state.is_world_process_zero:
-            faults.fill_disk(state.global_step)
             # Before the Trainer writes the checkpoint (trainer_state.json last), so a complete checkpoint
             # always says which stage and how many ranks wrote it (a resume must use the same), and the
             # tokens so far (TRL counts from zero in each process: a resume counts on from these).

@@ -35,7 +35,7 @@ POLL_SECONDS = 0.05
 # imports on GPUs only. A module not installed is skipped; one that fails is left to the program, which imports it
 # again after the spec and fails there, as it would have.
 PRELOAD = {
-    "sft.ranks.train": ("sft.ranks.train", "sft.ranks.upstream", "sft.ranks.reads",
+    "sft.ranks.train": ("sft.ranks.train", "sft.ranks.patches", "sft.ranks.patches.reads",
                         "sft.data.sources", "sft.tracking", "transformers.trainer", "trl.trainer.sft_trainer",
                         "deepspeed"),
     "sft.ranks.attention_ahead": ("sft.ranks.attention_ahead", "transformers.modeling_utils",

@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from .. import exitcodes
-from ..handoff import CheckpointRecord, DataPlan, RankReport, RunSpec
+from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import evaluation, faults, profiling, reads, seqpar, universal, upstream
+from . import devtools, evaluation, patches
+from .patches import reads, seqpar, universal
 from .hold import Hold
 from .progress import ProgressCallback, StopRequest
 
@@ -36,9 +37,10 @@ def main(spec_path: str) -> int:
     signal.signal(signal.SIGTERM, stop.on_signal)
     report = RankReport(mode=spec.mode)
     try:
-        trainer = build_trainer(spec, on_gpu, stop, report)
+        trainer = build_trainer(spec, on_gpu, stop, report, dev := devtools.load())
         report.tokens_before = _resumed_tokens(trainer, spec)
-        faults.inject(spec)
+        if dev is not None:
+            dev.before_training(spec)
         _reset_peak_memory(on_gpu)
         result = trainer.train(resume_from_checkpoint=spec.resume)
         if trainer.eval_dataset is not None and spec.mode == "probe":
@@ -73,7 +75,7 @@ def _setup_distributed(timeout_s: int) -> bool:
     return False
 
 
-def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankReport):
+def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankReport, dev=None):
     """SFTTrainer on the run's data (its step's numbers read without waiting on the GPU: reads.py), with a
     callback that times steps and watches for a stop."""
     from .. import tracking
@@ -84,22 +86,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     config = spec.sft_config()
     if spec.compile:
         regional_compilation()  # read when SFTTrainer makes its Accelerator, below
-    if spec.stage.startswith("3"):
-        upstream.fused_head_with_offloaded_checkpoints()  # a no-op for ZeRO-3's own parameters
-    else:
-        upstream.gradient_norm_in_fp32()
-        upstream.zero_step_in_one_pass()
-    if spec.attention == "flex_attention":  # the mask is built in the model's forward, never compiled (trainer.py)
-        upstream.flex_block_mask_uncompiled()
-    if spec.attention == "flash_attention_4":  # outside the compiled graph; its kernels compiled ahead (upstream.py)
-        upstream.flash_attention_4(outside_compile=spec.compile, kernels_ahead_lock=spec.attention_lock)
-    if spec.attention == "flash_attention_4":  # the packed rows' mask is None whatever it is asked
-        upstream.packed_rows_unchecked()
-    if (spec.data or DataPlan(train=[])).loss_on == "all":  # nothing worth a wait to skip in the LM head
-        upstream.every_position_scored()
-    upstream.lm_head_tiles_kept(spec.head_tiles_kept_bytes)  # what the plan counted (planner/memory.py)
-    upstream.checkpoints_without_crc32()
-    upstream.checkpoints_by_records()
+    patches.apply(spec)  # the libraries' fixes this run needs (sft/ranks/patches/)
     dataset, eval_dataset = build(spec.data)  # as the controller built and checked them
     # TRL deprecates use_liger_kernel for kernels fetched from the Hub at run time; the image runs
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
@@ -109,10 +96,10 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     if spec.hold_at:  # this training launch is also the probe: after its steps, the controller's verdict
         callback.hold = Hold(spec, report, lambda r: _stamp(r, on_gpu),
                              stop_asked=lambda: stop.requested or stop.stop_file.exists())
-    # a slowed step (a test's) counts in the step times taken; the profiler, where a developer asks for it
-    callbacks = [*faults.callbacks(), callback, profiling.callback(spec.report_dir),
-                 profiling.memory_callback(spec.report_dir),
-                 universal.OwnSteps()]  # repairs a universal checkpoint's load; nothing otherwise
+    # a developer's tools (dev: sft/dev/, where one asked) around the rank's own; a universal checkpoint's load
+    # repaired (nothing otherwise)
+    callbacks = [*(dev.callbacks_first() if dev else []), callback, *(dev.callbacks_last(spec) if dev else []),
+                 universal.OwnSteps()]
     trainer = reads.trainer_class()(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:
@@ -120,7 +107,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
             c.trainer = trainer
     if spec.sequence_parallel > 1:
         seqpar.install(trainer)
-    faults.record_token_losses(trainer.model, spec)
+    if dev is not None:
+        dev.with_trainer(trainer, spec)
     # Mirrors Trainer.set_initial_training_values: a partial accumulation window is a step too, and with rows
     # split over N GPUs each group takes its N ranks' batches in turn (DeepSpeed's UlyssesSPDataLoaderAdapter).
     batches = len(trainer.get_train_dataloader()) * spec.sequence_parallel

@@ -42,9 +42,9 @@ def fill_disk(step: int) -> None:
         os.posix_fallocate(filler.fileno(), 0, max(st.f_bavail * st.f_frsize - int(left), 1))
 
 
-def callbacks() -> list:
-    """Trainer callbacks for the faults asked for: SFTTEST_STEP_SECONDS makes every optimizer step last that much
-    longer (a slower machine), in the probe and in training alike."""
+def slow_steps() -> list:
+    """SFTTEST_STEP_SECONDS makes every optimizer step last that much longer (a slower machine), in the probe and in
+    training alike: a callback ahead of the rank's own, so the step times count it."""
     seconds = float(os.environ.get("SFTTEST_STEP_SECONDS") or 0)
     if seconds <= 0:
         return []
@@ -57,6 +57,20 @@ def callbacks() -> list:
             time.sleep(seconds)
 
     return [SlowSteps()]
+
+
+def full_disk() -> list:
+    """SFTTEST_FILL_DISK (fill_disk): a callback after the rank's own, so it sees the save they asked for."""
+    if not os.environ.get("SFTTEST_FILL_DISK"):
+        return []
+    from transformers import TrainerCallback
+
+    class FillDisk(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if control.should_save and state.is_world_process_zero:
+                fill_disk(state.global_step)
+
+    return [FillDisk()]
 
 
 def record_token_losses(model, spec: RunSpec) -> None:

@@ -14,14 +14,14 @@ accumulation are used as they are; only the loops over tiles are restated. Remov
 from __future__ import annotations
 
 import torch
-from trl.kernels import chunked_logprob as trl_head
+from trl.kernels import chunked_logprob as chunked
 
 
 def tile_bounds(n_tokens: int, vocab: int, chunk_size: int) -> list[tuple[int, int, int, int]]:
     """The tiles in TRL's order: token chunks outer, vocabulary chunks inner, as (token_start, token_end, start,
     end)."""
-    return [(t, min(t + trl_head.TOKEN_CHUNK_SIZE, n_tokens), v, min(v + chunk_size, vocab))
-            for t in range(0, n_tokens, trl_head.TOKEN_CHUNK_SIZE) for v in range(0, vocab, chunk_size)]
+    return [(t, min(t + chunked.TOKEN_CHUNK_SIZE, n_tokens), v, min(v + chunk_size, vocab))
+            for t in range(0, n_tokens, chunked.TOKEN_CHUNK_SIZE) for v in range(0, vocab, chunk_size)]
 
 
 def _project(out: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t0: int, t1: int,
@@ -36,24 +36,24 @@ def _project(out: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bias
 
 def _shared_buffer(n_tokens: int, chunk_size: int, device, dtype) -> torch.Tensor:
     """TRL's one tile buffer, through which the tiles not kept are projected."""
-    return torch.empty((min(n_tokens, trl_head.TOKEN_CHUNK_SIZE), chunk_size), device=device, dtype=dtype)
+    return torch.empty((min(n_tokens, chunked.TOKEN_CHUNK_SIZE), chunk_size), device=device, dtype=dtype)
 
 
 class TilesKeptLogProb(torch.autograd.Function):
     """`trl.kernels.ChunkedLogProbFunction` (the same arguments and outputs), its tiles kept up to `budget`."""
 
-    budget = 0  # bytes of tiles the forward may keep for the backward (set by upstream.lm_head_tiles_kept)
+    budget = 0  # bytes of tiles the forward may keep for the backward (set by trl_head.lm_head_tiles_kept)
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-                logit_scale=1.0, outputs=trl_head.OPTIONAL_OUTPUTS):
+                logit_scale=1.0, outputs=chunked.OPTIONAL_OUTPUTS):
         ctx.set_materialize_grads(False)
         device, n_tokens, vocab = hidden.device, hidden.shape[0], weight.shape[0]
         compute_dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                          else hidden.dtype)
         kernel_args = {"logit_scale": logit_scale, "softcap": final_logit_softcapping or 1.0,
                        "inv_t": 1 / temperature, "HAS_SOFTCAP": final_logit_softcapping is not None}
-        flags = {f"HAS_{name.upper()}": name in outputs for name in trl_head.OPTIONAL_OUTPUTS}
+        flags = {f"HAS_{name.upper()}": name in outputs for name in chunked.OPTIONAL_OUTPUTS}
         stats = {name: torch.full((n_tokens,), value, device=device, dtype=torch.float32) for name, value in
                  (("running_max", float("-inf")), ("sum_exp", 0.0), ("x_sum_exp", 0.0), ("sq_sum_exp", 0.0),
                   ("z_sum", 0.0), ("max_before_target", float("-inf")), ("target_logit", 0.0))}
@@ -71,9 +71,9 @@ class TilesKeptLogProb(torch.autograd.Function):
                 tile = shared[:t1 - t0, :v1 - v0]
                 kept.append(None)
             _project(tile, hidden_c, weight, bias, t0, t1, v0, v1)
-            fold = trl_head._forward_kernel[(t1 - t0,)] if trl_head._use_triton(device) else trl_head._forward_tile
+            fold = chunked._forward_kernel[(t1 - t0,)] if chunked._use_triton(device) else chunked._forward_tile
             fold(tile, tile.stride(0), targets[t0:t1], *(s[t0:t1] for s in stats.values()), v0, v1 - v0,
-                 BLOCK_SIZE=trl_head._BLOCK_SIZE, **flags, **kernel_args)
+                 BLOCK_SIZE=chunked._BLOCK_SIZE, **flags, **kernel_args)
         running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum, max_before_target, target_logit = stats.values()
         log_z = running_max + torch.log(sum_exp)
         logprobs = target_logit - log_z
@@ -110,17 +110,17 @@ class TilesKeptLogProb(torch.autograd.Function):
                     if shared is None:
                         shared = _shared_buffer(n_tokens, ctx.chunk_size, hidden.device, dtype)
                     tile = _project(shared[:t1 - t0, :v1 - v0], hidden_c, weight, bias, t0, t1, v0, v1)
-                fold = (trl_head._backward_kernel[(t1 - t0, -(-(v1 - v0) // trl_head._BLOCK_SIZE))]
-                        if trl_head._use_triton(hidden.device) else trl_head._backward_tile)
+                fold = (chunked._backward_kernel[(t1 - t0, -(-(v1 - v0) // chunked._BLOCK_SIZE))]
+                        if chunked._use_triton(hidden.device) else chunked._backward_tile)
                 fold(tile, tile.stride(0), targets[t0:t1], log_z[t0:t1], entropy[t0:t1],
                      grad_logprobs[t0:t1] if grad_logprobs is not None else log_z,
                      grad_entropy[t0:t1] if grad_entropy is not None else log_z, v0, v1 - v0,
                      HAS_LOGPROB_GRAD=grad_logprobs is not None, HAS_ENTROPY_GRAD=grad_entropy is not None,
-                     BLOCK_SIZE=trl_head._BLOCK_SIZE, **ctx.kernel_args)
+                     BLOCK_SIZE=chunked._BLOCK_SIZE, **ctx.kernel_args)
                 if grad_hidden is not None:
-                    trl_head._addmm_fp32(grad_hidden[t0:t1], tile, w_chunk)
+                    chunked._addmm_fp32(grad_hidden[t0:t1], tile, w_chunk)
                 if grad_weight is not None:
-                    trl_head._addmm_fp32(grad_weight[v0:v1], tile.t(), hidden_chunk)
+                    chunked._addmm_fp32(grad_weight[v0:v1], tile.t(), hidden_chunk)
                 if grad_bias is not None:
                     grad_bias[v0:v1] += tile.sum(dim=0, dtype=torch.float32)
         return (grad_hidden.to(hidden.dtype) if grad_hidden is not None else None,

@@ -8,12 +8,12 @@ backward hooks, the next batch, the next forward's first layers). A `Read` copie
 memory right after the GPU computes it and marks that point with an event: reading it waits for that point
 only, which the GPU has passed by the time the host asks (the forward's numbers at the step's end), or is
 about to (the norm, computed before the optimizer's kernel). On an H200 (2026-12-04, Qwen3-4B shape, the
-defaults), with the other waits removed as well (upstream.py: the LM head's and the mask's; one rank's
+defaults), with the other waits removed as well (patches/: the LM head's and the mask's; one rank's
 overlap_comm off, planner/rules.py), 19,964 tokens/s (61.0% MFU) against 19,201 (58.7%) before (docs/speed.md).
 
 `Trainer` is TRL's SFTTrainer with its numbers taken as Reads: its own `compute_loss` for the plain case
 (TRL's, restated below: the fused LM head's loss and its entropy and token accuracy), the logged loss summed
-from the Reads of the losses the backward was given, the gradient norm from the step (ranks/upstream.py's
+from the Reads of the losses the backward was given, the gradient norm from the step (patches/zero_step.py's
 one-pass step reads it), and the floating-point operations summed with the tokens. With several ranks the
 numbers are summed over them on the GPU, with the step's other collectives, instead of gathered and read.
 Any other case (sequence parallelism, a user's loss, label smoothing, an MoE's auxiliary loss) is TRL's own.
@@ -163,7 +163,7 @@ def trainer_class():
             return grad_norm if grad_norm is not None else self._step_norm()
 
         def _step_norm(self) -> Any:
-            """The step's gradient norm, unread: the one-pass step's Read (upstream.py), else DeepSpeed's."""
+            """The step's gradient norm, unread: the one-pass step's Read (zero_step.py), else DeepSpeed's."""
             engine = self.model_wrapped
             read = getattr(getattr(engine, "optimizer", None), "norm_read", None)
             return read if read is not None else engine.get_global_grad_norm()

@@ -1,4 +1,4 @@
-"""sft/ranks/upstream.py: the fixes of library bugs, against the libraries' own code.
+"""sft/ranks/patches/: the fixes of library bugs, against the libraries' own code.
 
 What the fix is for (ZeRO-3 with checkpoints in host memory, on GPUs) is only on GPUs: an H200 run failed with
 TRL's `'Tensor' object has no attribute 'ds_status'` before it and trained after it, with the losses of ZeRO-3
@@ -34,14 +34,14 @@ def trl_utils():
 def test_the_fused_heads_gather_passes_a_plain_tensor_by(zero3_on, trl_utils):
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-    from sft.ranks import upstream
+    from sft.ranks.patches import checkpoints, trl_head
 
     assert is_deepspeed_zero3_enabled()
     weight = torch.ones(8, 4)  # the full weight, as the offload hooks return it to the backward
     with pytest.raises(AttributeError, match="ds_status"):
         trl_utils.maybe_gather_lm_head_ctx(weight, None)  # TRL's own: the failure seen on the H200
-    upstream.fused_head_with_offloaded_checkpoints()
-    upstream.fused_head_with_offloaded_checkpoints()  # twice (a second trainer in one process) wraps once
+    trl_head.fused_head_with_offloaded_checkpoints()
+    trl_head.fused_head_with_offloaded_checkpoints()  # twice (a second trainer in one process) wraps once
     assert trl_utils.maybe_gather_lm_head_ctx.__wrapped__.__module__ == "trl.trainer.utils"
     with trl_utils.maybe_gather_lm_head_ctx(weight, None):
         assert weight.shape == (8, 4)
@@ -83,7 +83,7 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
 
 @pytest.mark.parametrize("world,fused,stage", [(1, "plain", "2"), (2, "fused", "2"), (2, "fused", "1")])
 def test_the_zero_step_in_one_pass_is_deepspeeds(world, fused, stage, tmp_path):
-    """The job's ZeRO-1/2 step (torch's AdamW from the bf16 gradients, clipped, in one pass: sft/ranks/adamw.py)
+    """The job's ZeRO-1/2 step (torch's AdamW from the bf16 gradients, clipped, in one pass: sft/ranks/patches/adamw.py)
     against DeepSpeed's own on the same four clipped steps from the same weights, through real DeepSpeed ZeRO-2
     (and ZeRO-1) in bf16 on 1 and 2 CPU ranks (a parameter split between the ranks, padded partitions), two
     parameter groups (weight decay and none), a learning rate that changes each step, torch's AdamW fused and
@@ -124,13 +124,13 @@ def test_checkpoints_without_crc32_load_as_before(tmp_path):
     torch.load, as a resume reads DeepSpeed's files (the job tests resume from such checkpoints on CPU ranks)."""
     import zipfile
 
-    from sft.ranks import upstream
+    from sft.ranks.patches import checkpoints, trl_head
     from torch.utils.serialization import config
 
     state = {"fp32": torch.randn(1000, 64), "step": 7, "nested": {"exp_avg": torch.randn(3, 5)}}
     torch.save(state, tmp_path / "with.pt")
     try:
-        upstream.checkpoints_without_crc32()
+        checkpoints.checkpoints_without_crc32()
         torch.save(state, tmp_path / "without.pt")
     finally:
         config.save.compute_crc32 = True
