@@ -1,5 +1,5 @@
 # Full fine-tuning on DeepSpeed ZeRO in one image. `make help` lists the targets.
-.PHONY: help setup demo test image image-cuda-standin test-image run probe lock clean
+.PHONY: help setup demo test docs image image-cuda-standin test-image run probe lock clean
 
 # the interpreter the host venv is made from
 PYTHON ?= python3.11
@@ -45,6 +45,9 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 
 test:  ## the test suite (CPU; GPU tests skip with their reason)
 	$(PY) -m pytest -q --durations=25  # the slowest 25: CI has 90 minutes
+
+docs:  ## write docs/settings.md's table from the settings' help texts (a test keeps them equal)
+	$(PY) scripts/settings_table.py
 
 image:  ## build the image users run (CUDA devel base) and print its size
 	DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \

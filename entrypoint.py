@@ -81,7 +81,7 @@ def status(target: str, revision: str | None, as_json: bool) -> None:
 
 @cli.command()
 def config() -> None:
-    """Print the resolved settings, every decision (the data's too) and the DeepSpeed JSON the Trainer will use."""
+    """Print the resolved settings, every decision (the data's too), the Trainer's arguments and DeepSpeed's JSON."""
     commands.config()
 
 

@@ -19,6 +19,14 @@ FOLDERS = {"tensorboard": ("TENSORBOARD_LOGGING_DIR", "tensorboard"), "trackio":
            "wandb": ("WANDB_DIR", "wandb")}
 
 
+def describe() -> str:
+    """The trackers as the settings' help names them (docs/settings.md): what the image has, where their logs go."""
+    has, lacks = [n for n in TRACKERS if n in IN_IMAGE], [n for n in TRACKERS if n not in IN_IMAGE]
+    folders = " and ".join(f"OUTPUT/run/{FOLDERS[n][1]}" for n in has if n in FOLDERS)
+    text = f"{' or '.join(has)} (in the image; their logs go to {folders})"
+    return text + (f"; {' or '.join(lacks)} (not in the image: add them to your own)" if lacks else "")
+
+
 def names(value: str) -> list[str]:
     """SFT_REPORT_TO as the Trainer's report_to list ([] for none)."""
     found = [n.strip().lower() for n in value.split(",") if n.strip()]

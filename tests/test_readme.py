@@ -17,7 +17,7 @@ def test_readme_settings_table_matches_the_code():
     start = text.index("<!-- settings-table")
     table = text[text.index("\n", start) + 1:text.index("<!-- /settings-table -->")].strip()
     assert table == markdown_table(), \
-        "docs/settings.md's table is stale; run: python -c 'from sft.settings import markdown_table as t; print(t())'"
+        "docs/settings.md's table is stale: run make docs (scripts/settings_table.py)"
 
 
 def test_readme_lists_every_exit_code_of_the_job():

@@ -61,7 +61,8 @@ def prepared(s: Settings, facts: machine.Facts, ranks: Ranks, read_data: bool = 
 
 
 def config() -> None:
-    """The resolved settings, every decision (the data's too) and the DeepSpeed JSON the Trainer will use."""
+    """The resolved settings, every decision (the data's too), the Trainer's arguments and the DeepSpeed JSON it
+    will use."""
     from transformers import AutoConfig
 
     from .dsfile import filled_ds_config
@@ -79,7 +80,7 @@ def config() -> None:
                               AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
     click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
                            "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
-                           "deepspeed": filled}, indent=2))
+                           "trainer": spec.trainer, "deepspeed": filled}, indent=2, default=str))
 
 
 def data(rows: int, per_token: bool, of_eval: bool) -> None:

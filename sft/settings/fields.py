@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import nodes, stages
+from .. import nodes, stages, tracking
 
 PREFIX = "SFT_"
 STAGES = ("auto", *stages.NAMES)
@@ -153,8 +153,7 @@ class Settings:
                                         "naming the SFT_ variable.")
     logging_steps: int = _setting(10, "Log the loss every this many optimizer steps.", min=1)
     report_to: str = _setting("none", "Experiment trackers the Trainer logs to (its report_to), comma-separated: "
-                              "none; tensorboard or trackio (in the image; their logs go to OUTPUT/run/tensorboard "
-                              "and OUTPUT/run/trackio); wandb or mlflow (not in the image: add them to your own).")
+                              "none; " + tracking.describe() + ".")
     run_name: str | None = _setting(None, "The run's name in the trackers (the Trainer's run_name); unset: theirs.")
     seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
