@@ -72,8 +72,8 @@ def _read_shipped(name: str) -> str:
 def shipped_config(name: str) -> dict[str, Any]:
     """The shipped DeepSpeed config of an option (a fresh copy: callers may change it), with bf16's overflow
     check off. DeepSpeed 0.19 checks every gradient for inf/NaN before a bf16 step, as for fp16, whose loss
-    scaling needs it: four kernels and a host loop per parameter. Without it Qwen3-4B's defaults ran 7.6% and
-    12.6% faster on an H200 (13,359 against 12,416 and 11,868 tokens/s, the same losses; docs/speed.md).
+    scaling needs it: four kernels and a host loop per parameter. Without it Qwen3-4B's defaults ran faster, with
+    the same losses (measured: docs/speed.md, 'bf16's overflow check off').
     bf16 has fp32's range and no loss scale. Without the check DeepSpeed applies a step whose gradient holds a
     NaN (its norm, computed anyway, reads inf): the ranks stop at that norm, before the step is saved
     (ranks/progress.py).

@@ -15,11 +15,15 @@ TYPE_CHECKING alike, since each is a dependency a reader has to follow.
                 neither of controller/ and ranks/ imports the other
   dev/ (profiler, fault injection) is dev-only: no module of the job imports it.
 - Size: no module over 350 lines and no function over 50, unless ALLOWED below says why.
+- No dated measurement in a docstring or comment: the code says why, docs/ keeps the figures (docs/speed.md).
 """
 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -204,3 +208,28 @@ def test_the_rank_program_loads_the_dev_tools_only_when_asked(tmp_path):
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split("\n")[-2] == expected, out.stdout
+
+
+DATE = re.compile(r"20\d\d-\d\d-\d\d(?!T)")  # a date, not an ISO timestamp's example ('2026-12-01T18:00:00Z')
+
+
+def _docstrings_and_comments(path: Path) -> list[tuple[int, str]]:
+    """(line number, line) of every line of a docstring (module, class, function) and of every `#` comment."""
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                found += [(node.body[0].lineno + i, line) for i, line in enumerate(text.split("\n"))]
+    found += [(token.start[0], token.string) for token in tokenize.generate_tokens(io.StringIO(source).readline)
+              if token.type == tokenize.COMMENT]
+    return found
+
+
+def test_no_docstring_or_comment_carries_a_measurement_date():
+    """Code comments say why; a dated figure belongs in docs/ (docs/speed.md, the journal of measurements), where
+    the comment points. The strings the program prints are not read here."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in MODULES.values()
+             for number, line in _docstrings_and_comments(path) if DATE.search(line)]
+    assert found == []

@@ -17,8 +17,8 @@ from .preflight import Needs
 
 def sizes(d: Decision, total_params: int, trainer_args: Mapping[str, Any]) -> tuple[int, int]:
     """Bytes of one checkpoint and of the final model, as preflight sizes the disk for them: from the decision's
-    precision, stage and optimizer (a bf16 ZeRO-2 AdamW checkpoint is 16 bytes/param; one H200's Qwen3-4B
-    measured 65.1 GB, 16.2 bytes/param)."""
+    precision, stage and optimizer (a bf16 ZeRO-2 AdamW checkpoint is 16 bytes/param, about what a measured
+    Qwen3-4B checkpoint held: docs/speed.md, 'where a one-epoch run's time goes')."""
     needs = Needs.of(d, total_params, 0, trainer_args)
     return round(needs.checkpoint_bytes_per_param * total_params), needs.final_bytes_per_param * total_params
 

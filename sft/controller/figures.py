@@ -20,10 +20,11 @@ from ..units import gib
 # and Liger's kernels during step 2 and recompiles for new shapes in step 4 (docs/speed.md).
 WARMUP_STEPS = 4
 # A step this many times the steady window's median is a stall, not the steady state, and is timed apart: a
-# recompilation for a shape not seen before (on an H200, 2026-12-02, a compiled Qwen3-1.7B probe recompiled its
-# layers at step 27 for a packed batch of 63 attention blocks instead of 64: 14.5 s against 0.26 s a step, which
-# halved the probe's tokens/s), or a checkpoint's save in a training run. Its time beyond the steady rate is a
-# one-off cost, counted once with the warm-up (the compile cache spares a later launch most of it).
+# recompilation for a shape not seen before (a compiled probe recompiled its layers for a packed batch with one
+# attention block fewer than the others, one step as long as dozens, which halved the probe's tokens/s; measured:
+# docs/speed.md, 'a recompiling step had halved a probe's figure'), or a checkpoint's save in a training run. Its
+# time beyond the steady rate is a one-off cost, counted once with the warm-up (the compile cache spares a later
+# launch most of it).
 STALL_FACTOR = 3.0
 
 
@@ -148,10 +149,9 @@ SAVES_SHARE_TARGET = 0.10
 
 
 def checkpoints(fig: dict[str, Any]) -> str:
-    """The checkpoints' share of the projected run; where it is large, the SFT_SAVE_STEPS that would hold it to
-    about 10% of the steps' time, and the work a lost machine could then cost. On one H200 a Qwen3-4B checkpoint
-    (65 GB) took 95 s to write, as long as the 200 steps between two (docs/speed.md, 2026-12-03): the README's
-    recipe saves every 200 steps, which took about 27 minutes at its own speed."""
+    """The checkpoints' share of the projected run; where it is large, the SFT_SAVE_STEPS that would hold it to about
+    10% of the steps' time, and the work a lost machine could then cost. A Qwen3-4B checkpoint took as long to write as
+    the 200 steps between two at the README's cadence (measured: docs/speed.md, 'where a one-epoch run's time goes')."""
     each, saves, step = fig["save_seconds_each"], fig["saves"], fig["seconds_per_step"]
     share = fig["save_hours"] / fig["projected_hours"] if fig.get("projected_hours") else 0.0
     text = f"{fig['save_hours']} ({saves} x about {each:.0f} s, estimated: {share:.0%} of the run"

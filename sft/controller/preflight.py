@@ -180,7 +180,7 @@ def check_disk(free: int, output_dir: str, total_params: int | None, save_total_
 
 def gpu_links(topo: str) -> set[str]:
     """The kinds of link between distinct GPUs in `nvidia-smi topo -m` (NV12, PIX, PHB, NODE, SYS...)."""
-    # On a terminal-less run nvidia-smi still underlines the header (ESC[4m ... ESC[0m): seen on an H200 x2
+    # On a terminal-less run nvidia-smi still underlines the header (ESC[4m ... ESC[0m): docs/multi-gpu.md
     lines = re.sub(r"\x1b\[[0-9;]*m", "", topo).splitlines()
     # the header is the indented line of column names; GPU rows start with their name
     header = next((line.split() for line in lines if line[:1].isspace() and line.split()[:1] == ["GPU0"]), [])

@@ -7,9 +7,10 @@ waiting for a Start in this standby's private folder. The job's first launch tak
 launch.Launch): the spec is written where they wait, and they run it as a launch started then would. A job that
 ends before, or whose ranks are not these, ends them (`end`): they printed and wrote nothing.
 
-Why: a rank's imports took 12 s on an H200's host, after 20-45 s of checking, reading and deciding
-(docs/speed.md, 2026-12-04); started with the job, they are off the path to the first step. Written by hand:
-neither torchrun nor the deepspeed launcher starts ranks before their program's arguments are known.
+Why: a rank's imports take seconds, and came after the controller's checking, reading and deciding, which took
+longer still (measured: docs/speed.md, 'the ranks start with the job'); started with the job, they are off the
+path to the first step. Written by hand: neither torchrun nor the deepspeed launcher starts ranks before their
+program's arguments are known.
 """
 
 from __future__ import annotations

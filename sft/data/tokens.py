@@ -20,12 +20,12 @@ if TYPE_CHECKING:
 
 IGNORED = -100  # the label of a token that carries no loss (the Trainer's ignore_index)
 
-# Rows per process that prepares them (TRL's dataset_num_proc), and the most processes. TRL's preparation renders
-# each row's chat template in Python, about 3 ms a Capybara-like conversation on one core: 15,806 of them took
-# 48.3 s in one process and 29.1 s in two on this project's 2-core machine, and about 45 s in one process on a
-# 16-core GPU machine before its first step (docs/speed.md, 2026-12-03). The count depends on the rows only,
-# never on the machine's cores: TRL packs each process's share of the rows apart, so the packed rows depend on
-# it, and a start on another machine that resumes the run must draw the same rows.
+# Rows per process that prepares them (TRL's dataset_num_proc), and the most processes. TRL's preparation renders each
+# row's chat template in Python, on one core per process: a Capybara-sized dataset in one process kept a GPU machine
+# from its first step for most of a minute (measured: docs/data.md, 'The checks, and what they cost'; docs/speed.md,
+# 'where a one-epoch run's time goes'). The count depends on the rows only, never on the machine's cores: TRL packs each
+# process's share of the rows apart, so the packed rows depend on it, and a start on another machine that resumes the
+# run must draw the same rows.
 ROWS_PER_PROCESS = 1_000
 MAX_PROCESSES = 16
 

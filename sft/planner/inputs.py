@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class GPU:
     name: str
     memory_bytes: int
-    capability: tuple[int, int] = (9, 0)  # CUDA compute capability (an H100/H200: 9.0)
+    capability: tuple[int, int] = (9, 0)  # CUDA compute capability (Hopper: 9.0)
 
 
 @dataclass(frozen=True)

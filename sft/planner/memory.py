@@ -12,8 +12,8 @@
       mask build    flex attention's block mask, built before each forward (its temporaries)
   + margin          allocator fragmentation and the CUDA context
 
-Every coefficient is a named constant, fitted to peaks measured on H200s; docs/memory-planner.md
-has the grid and tests/test_plan.py holds every point.
+Every coefficient is a named constant, fitted to measured peaks; docs/memory-planner.md has the grid
+('The planner against measured memory') and tests/test_plan.py holds every point.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ DS_DEFAULTS = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,
 STEP_FP32_GRAD_BYTES = 4
 # ZeRO-1/2's step in one pass (sft/ranks/patches/adamw.py: bf16 on GPUs, torch's fused AdamW, no offload) makes no
 # fp32 gradient partition: not the 4 bytes DeepSpeed's estimator counts with the model states, not the step's
-# 4 above; its step holds the flattened 16-bit gradients instead. Measured on one H200 (2026-12-03, Qwen3-4B,
-# 4 x 2,048 tokens, no checkpointing): a peak of 92.94 GiB against 107.93 with DeepSpeed's step.
+# 4 above; its step holds the flattened 16-bit gradients instead, and the peak fell by that partition (measured:
+# docs/memory-planner.md, 'Since: ZeRO-1/2's step in one pass').
 ONE_PASS_STEP_BYTES = 2
 # With the optimizer offloaded, a 16-bit sub-group staged on the GPU during the backward, on its way to
 # the host (fitted to the one offload run measured, docs/memory-planner.md).
@@ -91,8 +91,8 @@ OFFLOAD_STAGING_BYTES = 2
 # into the fp32 partition its estimator already counts.
 ACCUMULATION_BYTES = 2
 
-# --- Margin. Of the larger peak: the caching allocator's unusable gaps, fitted to the H200 grid (the
-# activation terms already over-count a little).
+# --- Margin. Of the larger peak: the caching allocator's unusable gaps, fitted to the measured grid
+# (docs/memory-planner.md, 'The planner against measured memory'; the activation terms already over-count a little).
 FRAGMENTATION = 0.01
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspace, NCCL buffers: outside torch's counters
 
@@ -247,12 +247,12 @@ def accumulation_bytes(stage: Stage, total_params: int, total_gpus: int, grad_ac
 
 
 # --- Flex attention's block mask, built at each forward (sft/ranks/patches/masks.py::block_mask_by_rows): the boolean
-# mask of at most MASK_ELEMENTS_AT_ONCE elements at a time, a band of query rows, then torch's block reduction,
-# whose temporaries are wider than the mask. Measured on one H200 (2026-12-04, the demo model, 64 packed rows
-# of 128 tokens: one row of 8,192, 2^26 elements at once): the allocator reserved 1.164 GiB for it (two
-# 466 MiB segments in the block reduction, four of 58-60 MiB for the mask), 18.2 bytes an element. Nothing
-# else is held then but the model states (the forward has not begun), so it is a peak of its own, beside the
-# backward's and the step's; a tiny model's whole peak, which the plan had put at 0.04 GiB.
+# mask of at most MASK_ELEMENTS_AT_ONCE elements at a time, a band of query rows, then torch's block reduction, whose
+# temporaries are wider than the mask: the allocator reserved MASK_BUILD_BYTES for each element evaluated at once, most
+# of it in the block reduction's segments (measured: docs/memory-planner.md,
+# 'Since: flex attention's mask build counted'). Nothing else is held then but the model states (the forward has not
+# begun), so it is a peak of its own, beside the backward's and the step's; a tiny model's whole peak, which the plan
+# had put far lower.
 MASK_ELEMENTS_AT_ONCE = 1 << 26  # 64 MB of booleans; sft/ranks/patches/masks.py builds the mask by this
 MASK_BUILD_BYTES = 19  # per element evaluated at once
 MASK_BLOCK = 128  # flex attention's block (torch's _DEFAULT_SPARSE_BLOCK_SIZE): a band is whole blocks of rows

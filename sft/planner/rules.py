@@ -38,8 +38,8 @@ def choose_ranks(s: Settings, machine: Machine) -> Ranks:
 def probe_goes_on(s: Settings, ranks: Ranks, record: CheckpointRecord | None) -> tuple[bool, str | None]:
     """Whether the probe is the training's own launch, which goes on after the probe's steps unless its figures
     change the decision (an escalation, the budget's cap or refusal); the reason (None: no probe runs). A probe
-    launched apart loads and compiles the model again for the training, and throws its steps away: on an H200,
-    Qwen3-4B, 91 s of probe and 37 s of relaunch in a 2,176 s epoch (docs/speed.md, 2026-12-03)."""
+    launched apart loads and compiles the model again for the training, and throws its steps away: minutes of
+    a one-epoch run (measured: docs/speed.md, 'where a one-epoch run's time goes')."""
     if s.probe_steps == 0 or record is not None:
         return False, None
     n = s.probe_steps
@@ -64,10 +64,11 @@ def precision(s: Settings, ranks: Ranks) -> tuple[bool, str]:
                                                  ", auto: bf16 on GPUs, fp32 on CPU")
 
 
-# FlashAttention-4's CuTe kernels exist for Hopper (sm90) and Blackwell (sm100, sm120); measured on H200s
+# FlashAttention-4's CuTe kernels exist for Hopper (sm90) and Blackwell (sm100, sm120); measured on Hopper only
 FLASH_ATTENTION_4_CAPABILITY = (9, 0)
-# The longest rows auto gives FlashAttention-4 (compiled layers): on an H200 (docs/speed.md) it trained 9-10%
-# faster than compiled flex attention at rows of 2,048 and 8,192 tokens, 19% slower at 16,384 and 12% at 65,536.
+# The longest rows auto gives FlashAttention-4 (compiled layers): it trained faster than compiled flex attention at rows
+# of 2,048 and 8,192 tokens, slower at 16,384 and 65,536 (measured: docs/speed.md,
+# 'FlashAttention-4 is auto for compiled layers'; 'FlashAttention-4 +9% and +10% (opt-in)').
 FLASH_ATTENTION_4_MAX_LENGTH = 8192
 
 
@@ -163,9 +164,9 @@ def compile_model(s: Settings, ranks: Ranks, stage: Stage, sequence_parallel: in
     if sequence_parallel > 1:
         return False, ("off, auto with rows split over GPUs: DeepSpeed's Ulysses attention was not measured "
                        "compiled; SFT_COMPILE=true compiles anyway")
-    # On an H200 (2026-12-02, docs/speed.md): 4 rows of 2,048, ZeRO-2, the same peak (107.9 GiB) and losses
-    # as uncompiled with Liger's kernels to 3 decimals over 14 steps. Compiled with Liger's kernels the
-    # loss was NaN from step 3 (2026-12-01), so compiling turns them off.
+    # Compiled without Liger's kernels: the same peak and losses as uncompiled with them (measured: docs/speed.md,
+    # 'each decoder layer compiled, Liger's kernels off'). Compiled with Liger's kernels the loss was NaN
+    # (docs/speed.md, 'Liger's kernels under torch.compile make the NaN'), so compiling turns them off.
     return True, ("on, auto on GPUs with ZeRO-1 and 2: each decoder layer compiled once, Liger's kernels off "
                   "(an H200 trained 18% faster so: 15,172 against 12,882 tokens/s, the same loss); its first "
                   "steps compile, and the probe counts them")

@@ -6,16 +6,16 @@ It holds the run's kernel lock (RunSpec.attention_lock, taken for it by the laun
 waits for that lock at its first attention call (`wait`), then finds the kernels in FlashAttention-4's own
 persistent cache (OUTPUT/run/compile-cache/flash-attention, set by the launch for both).
 
-Why: FlashAttention-4 compiles its CuTe kernels at their first call, in the first step's forward and backward:
-five kernels, 6.3 s on an H200 for Qwen3-4B's, on the critical path of a new output folder's first step. A rank
-reaches its first attention call about 25 s after it starts (imports, the model, DeepSpeed, the compiled layer's
-first graph); this process had the same five kernels ready 21-37 s after the launch, and no rank waited for it
-(docs/speed.md, 2026-12-04). The kernels the run asks for depend on the attention's shape (heads, key/value heads,
-head size, dtype) and on how the rows reach it (packed sequences or padded rows), not on the model's depth or
-width: so this process runs the run's model with only as many layers as it has kinds of layers, on rows shaped
-as the run's (TRL's collator, the same padding), forward and backward, through Transformers' own FlashAttention-4
-path. Written by hand: none of these libraries compiles its kernels ahead. Should anything differ, the rank
-compiles what is missing at its first call, as it would without this process: a failure here costs only time.
+Why: FlashAttention-4 compiles its CuTe kernels at their first call, in the first step's forward and backward: five
+kernels for Qwen3-4B, seconds on the critical path of a new output folder's first step. A rank reaches its first
+attention call only after its imports, the model, DeepSpeed and the compiled layer's first graph; this process had the
+same five kernels ready in about that time, and no rank waited for it (measured: docs/speed.md,
+'FlashAttention-4's kernels compiled while the ranks start'). The kernels the run asks for depend on the attention's
+shape (heads, key/value heads, head size, dtype) and on how the rows reach it (packed sequences or padded rows), not on
+the model's depth or width: so this process runs the run's model with only as many layers as it has kinds of layers, on
+rows shaped as the run's (TRL's collator, the same padding), forward and backward, through Transformers' own
+FlashAttention-4 path. Written by hand: none of these libraries compiles its kernels ahead. Should anything differ, the
+rank compiles what is missing at its first call, as it would without this process: a failure here costs only time.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ Started by the controller's standby (controller/standby.py), never by hand:
 PROGRAM is sft.ranks.train (every rank, through the launcher) or sft.ranks.attention_ahead (FlashAttention-4's
 kernels). START.json is a Start (handoff.py) in the standby's private folder (a StandbyFolder), written once.
 
-Why: a rank's imports (torch, Transformers, TRL, DeepSpeed, flash-attn-4) took 12 s on an H200's host, and they began
-only after the controller had checked the settings' inputs, read the data and decided (20-45 s there; docs/speed.md,
-2026-12-04). Started with the job, they run meanwhile. What the imports print is held back and said once the spec
-comes, so that the log reads as a launch's started then; a process killed before says nothing.
+Why: a rank's imports (torch, Transformers, TRL, DeepSpeed, flash-attn-4) take seconds, and they began only after the
+controller had checked the settings' inputs, read the data and decided, which took longer still (measured:
+docs/speed.md, 'the ranks start with the job'). Started with the job, they run meanwhile. What the imports print is held
+back and said once the spec comes, so that the log reads as a launch's started then; a process killed before says
+nothing.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """ZeRO-1/2's optimizer step in one pass over memory: torch's AdamW from the 16-bit gradients, clipped, into the
 fp32 master weights, and the 16-bit weights from them.
 
-Why by hand: DeepSpeed 0.19.8's ZeRO-1/2 step (stage_1_and_2.py::step) casts the flattened gradients to a new
-fp32 buffer (4 bytes a parameter), multiplies it by the clipping factor, runs the optimizer on it, then copies
-the master weights back into the 16-bit ones: four passes over memory where one would do, and it asks the GPU
-whether the norm is finite (a synchronisation) before clipping. On an H200's Qwen3-4B step the cast, the multiply
-and the copy back took 0.029 s of 0.47 s (docs/speed.md). torch's fused AdamW wants the gradient in the master
-weights' dtype, so the cast cannot be left out there. Here the update is torch's AdamW written out (its
-`_single_tensor_adam` with decoupled weight decay), compiled on GPUs into one kernel that reads the 16-bit
-gradient and writes both copies of the weights; on the host it runs as written, in slices. The optimizer's
-state is torch's own (`step`, `exp_avg`, `exp_avg_sq` under the master weights), so checkpoints, their resume
-and DeepSpeed's universal checkpoints read it as before.
+Why by hand: DeepSpeed 0.19.8's ZeRO-1/2 step (stage_1_and_2.py::step) casts the flattened gradients to a new fp32
+buffer (4 bytes a parameter), multiplies it by the clipping factor, runs the optimizer on it, then copies the master
+weights back into the 16-bit ones: four passes over memory where one would do, and it asks the GPU whether the norm is
+finite (a synchronisation) before clipping. On a Qwen3-4B step the cast, the multiply and the copy back were a few
+percent of the GPU's time (measured: docs/speed.md, 'where an idle GPU waits'; 'ZeRO-2's optimizer step in one pass').
+torch's fused AdamW wants the gradient in the master weights' dtype, so the cast cannot be left out there. Here the
+update is torch's AdamW written out (its `_single_tensor_adam` with decoupled weight decay), compiled on GPUs into one
+kernel that reads the 16-bit gradient and writes both copies of the weights; on the host it runs as written, in slices.
+The optimizer's state is torch's own (`step`, `exp_avg`, `exp_avg_sq` under the master weights), so checkpoints, their
+resume and DeepSpeed's universal checkpoints read it as before.
 """
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ _compiled_update = None
 def _compiled():
     global _compiled_update
     if _compiled_update is None:  # one graph per group's size and constants (two: with and without decay)
-        # Not autotuned: a kernel that writes its inputs is timed on copies of them, here 56 GB for Qwen3-4B,
-        # which Inductor makes in host memory where the GPU has no room: the first step took 80 s longer on an
-        # H200. A pointwise pass over memory gains little from tuning.
+        # Not autotuned: a kernel that writes its inputs is timed on copies of them, as large as the optimizer's
+        # state, which Inductor makes in host memory where the GPU has no room: the first step came more than a
+        # minute later (measured: docs/speed.md, 'ZeRO-2's optimizer step in one pass'). A pointwise pass over
+        # memory gains little from tuning.
         _compiled_update = torch.compile(update, fullgraph=True, dynamic=False,
                                          options={"triton.autotune_pointwise": False})
     return _compiled_update

@@ -18,9 +18,9 @@ def flash_attention_4(outside_compile: bool, kernels_ahead_lock: str = "") -> No
     changes from layer to layer and batch to batch (`module.layer_idx`, the packed sequences' count, their longest
     length): it recompiled each layer until its recompile limit (8) and left the later layers' frames uncompiled.
     The attention call is a CuTe kernel either way, so it is run as it is, outside the compiled graph, which breaks
-    there once. On an H200 (2026-12-03, Qwen3-4B shape, 2,048-token rows) the first run's warm-up fell from 47.4 s
-    to 32.4 s and start to first step from 71.3 s to 57.5 s, the steady rate unchanged (17,365 against 17,480
-    tokens/s; the same losses); docs/speed.md. Remove when flash-attn-4 registers its kernels as torch custom ops.
+    there once. The first run's warm-up and its start to the first step fell, the steady rate and the losses
+    unchanged (measured: docs/speed.md, 'start to first step 57.5 s with nothing cached, 47.6 s cached'). Remove
+    when flash-attn-4 registers its kernels as torch custom ops.
 
     After the kernels compiled ahead (`kernels_ahead_lock`: RunSpec.attention_lock): the first call waits for
     the process compiling them beside the rank's start (ranks/attention_ahead.py), then loads them from the

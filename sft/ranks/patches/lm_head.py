@@ -1,14 +1,14 @@
 """TRL's fused LM head, with the forward's logits tiles kept for the backward instead of computed again.
 
-TRL 1.16's `ChunkedLogProbFunction` (trl/kernels/chunked_logprob.py) scores [4096 tokens x 32768 vocabulary]
-tiles of `hidden @ lm_head.weight.T` one at a time through one buffer, and its backward projects every tile
-again: for Qwen3-4B at 8,192 tokens a step that is 6.4 TFLOP, about 8 ms of an H200's 0.41 s step spent
-making logits the forward already made (docs/speed.md). Here the forward writes each tile into a buffer of its
-own and keeps it, up to `budget` bytes (the planner's choice, planner/memory.py::head_tiles_kept, counted in
-the plan's logits); the backward turns each kept tile into its gradient in place, and computes again only the
-tiles the budget left out, in TRL's one buffer. The tiles are the same GEMM's output either way, so the loss
-and the gradients are TRL's (tests/test_lm_head.py compares them). TRL's kernels, constants and fp32
-accumulation are used as they are; only the loops over tiles are restated. Remove when TRL keeps the tiles.
+TRL 1.16's `ChunkedLogProbFunction` (trl/kernels/chunked_logprob.py) scores [4096 tokens x 32768 vocabulary] tiles of
+`hidden @ lm_head.weight.T` one at a time through one buffer, and its backward projects every tile again: for Qwen3-4B
+at 8,192 tokens a step that is 6.4 TFLOP, milliseconds of every step spent making logits the forward already made
+(measured: docs/speed.md, 'the LM head's logits kept for its backward'). Here the forward writes each tile into a buffer
+of its own and keeps it, up to `budget` bytes (the planner's choice, planner/memory.py::head_tiles_kept, counted in the
+plan's logits); the backward turns each kept tile into its gradient in place, and computes again only the tiles the
+budget left out, in TRL's one buffer. The tiles are the same GEMM's output either way, so the loss and the gradients are
+TRL's (tests/test_lm_head.py compares them). TRL's kernels, constants and fp32 accumulation are used as they are; only
+the loops over tiles are restated. Remove when TRL keeps the tiles.
 """
 
 from __future__ import annotations

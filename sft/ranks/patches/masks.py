@@ -34,10 +34,10 @@ def block_mask_by_rows(mask_mod, batch: int, heads: int, q_length: int, kv_lengt
 
 def dense_mask(mask_mod, batch: int, heads: int, start: int, rows: int, kv_length: int, device) -> torch.Tensor:
     """mask_mod over query rows start .. start + rows - 1, as a (batch, heads, rows, kv_length) boolean tensor,
-    evaluated once on broadcast index tensors. torch's create_mask vmaps it over the four indices instead:
-    on an H200 that re-ran the mask's Python under four vmap levels at every forward, with the GPU idle (a
-    third of a default step's idle time, docs/speed.md). Transformers' mask functions are written for both
-    (its sdpa_mask evaluates them broadcast); tests/test_block_mask.py holds the result to torch's."""
+    evaluated once on broadcast index tensors. torch's create_mask vmaps it over the four indices instead: that re-ran
+    the mask's Python under four vmap levels at every forward, with the GPU idle (a large part of a default step's idle
+    time; measured: docs/speed.md, 'where an idle GPU waits'). Transformers' mask functions are written for both (its
+    sdpa_mask evaluates them broadcast); tests/test_block_mask.py holds the result to torch's."""
     b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
     h = torch.arange(heads, device=device).view(1, heads, 1, 1)
     q = torch.arange(start, start + rows, device=device).view(1, 1, rows, 1)
@@ -47,15 +47,15 @@ def dense_mask(mask_mod, batch: int, heads: int, start: int, rows: int, kv_lengt
 
 
 def flex_block_mask_uncompiled() -> None:
-    """Transformers 5.24 builds flex attention's block mask with `create_block_mask(..., _compile=True)`: a
-    new row length compiles a Triton kernel whose build grows with the length. On an H200 (2026-12-01) the
-    first step at 16,384 tokens a row spent four minutes there with the GPU idle (py-spy: ptxas, called from
-    create_block_mask), and the job took 279.9 s from its start to its first step; with the mask built here,
-    58.6 s (another H200; docs/long-rows.md). The mask is evaluated directly instead, a band of query rows
-    at a time, with nothing to compile; it costs O(length^2) element operations a step, on the GPU. The
-    preparation around it (padding, offsets) is Transformers' own helpers', as in its `flex_attention_mask`.
-    Registered for "flex_attention" through Transformers' AttentionMaskInterface; remove when Transformers
-    stops compiling the mask or its compile no longer grows with the row."""
+    """Transformers 5.24 builds flex attention's block mask with `create_block_mask(..., _compile=True)`: a new row
+    length compiles a Triton kernel whose build grows with the length: the first step at 16,384 tokens a row spent
+    minutes there with the GPU idle (py-spy: ptxas, called from create_block_mask), and with the mask built here the job
+    reached its first step several times sooner (measured: docs/long-rows.md,
+    'ZeRO-3 with the checkpoints in host memory, fixed'). The mask is evaluated directly instead, a band of query rows
+    at a time, with nothing to compile; it costs O(length^2) element operations a step, on the GPU. The preparation
+    around it (padding, offsets) is Transformers' own helpers', as in its `flex_attention_mask`. Registered for
+    "flex_attention" through Transformers' AttentionMaskInterface; remove when Transformers stops compiling the mask or
+    its compile no longer grows with the row."""
     from transformers import masking_utils as mu
 
     def flex_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,

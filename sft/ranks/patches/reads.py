@@ -1,15 +1,15 @@
 """The numbers the host reads from each step (the loss, TRL's metrics, the tokens, the gradient norm), read
 without waiting for the GPU's queue.
 
-`tensor.item()` waits until the GPU has run everything queued before it. TRL reads its metrics that way after
-each forward, and the Trainer reads the gradient norm and the logged loss that way after each optimizer step:
-each time the queue runs dry, and the GPU then waits while the host starts what comes next (DeepSpeed's
-backward hooks, the next batch, the next forward's first layers). A `Read` copies a value into pinned host
-memory right after the GPU computes it and marks that point with an event: reading it waits for that point
-only, which the GPU has passed by the time the host asks (the forward's numbers at the step's end), or is
-about to (the norm, computed before the optimizer's kernel). On an H200 (2026-12-04, Qwen3-4B shape, the
-defaults), with the other waits removed as well (patches/: the LM head's and the mask's; one rank's
-overlap_comm off, planner/rules.py), 19,964 tokens/s (61.0% MFU) against 19,201 (58.7%) before (docs/speed.md).
+`tensor.item()` waits until the GPU has run everything queued before it. TRL reads its metrics that way after each
+forward, and the Trainer reads the gradient norm and the logged loss that way after each optimizer step: each time the
+queue runs dry, and the GPU then waits while the host starts what comes next (DeepSpeed's backward hooks, the next
+batch, the next forward's first layers). A `Read` copies a value into pinned host memory right after the GPU computes it
+and marks that point with an event: reading it waits for that point only, which the GPU has passed by the time the host
+asks (the forward's numbers at the step's end), or is about to (the norm, computed before the optimizer's kernel). With
+the other waits removed as well (patches/: the LM head's and the mask's; one rank's overlap_comm off, planner/rules.py),
+the defaults trained a few percent faster (measured: docs/speed.md,
+'the host no longer waits for the GPU's queue inside a step').
 
 `Trainer` is TRL's SFTTrainer with its numbers taken as Reads: its own `compute_loss` for the plain case
 (TRL's, restated below: the fused LM head's loss and its entropy and token accuracy), the logged loss summed

@@ -1,11 +1,11 @@
 """torch.save's checkpoint file, written without torch's copy of each GPU storage into fresh host memory.
 
-Why by hand: torch.save copies each GPU storage whole into new pageable memory (`storage.cpu()`) and then writes
-it from one thread. On an H200 that copy ran at 1.2-1.4 GB/s, most of a ZeRO-2 checkpoint's save (docs/speed.md,
-2026-12-03: 11.9 s of 21.4 s for 16.1 GB), and a Qwen3-4B checkpoint took 77.5 s, as long as 160 steps. torch's
-own switch (`use_pinned_memory_for_d2h`) pins one block per storage, rounded up to a power of two, and its caching
-allocator keeps them for the rest of the run (34 GB there). DeepSpeed's FastFileWriter needs its async_io op
-(libaio) and O_DIRECT, which a tmpfs refuses.
+Why by hand: torch.save copies each GPU storage whole into new pageable memory (`storage.cpu()`) and then writes it from
+one thread. That copy was most of a ZeRO-2 checkpoint's save, and a Qwen3-4B checkpoint took as long as well over a
+hundred steps (measured: docs/speed.md, 'where a checkpoint's save goes'). torch's own switch
+(`use_pinned_memory_for_d2h`) pins one block per storage, rounded up to a power of two, and its caching allocator keeps
+them for the rest of the run, as much host memory as the largest partitions. DeepSpeed's FastFileWriter needs its
+async_io op (libaio) and O_DIRECT, which a tmpfs refuses.
 
 How: torch.save under `torch.serialization.skip_data` writes the whole file at once, each storage's record left as
 a hole of its size (a sparse file); the storages are then written into their records with `os.pwrite`, by a few

@@ -9,13 +9,13 @@ import functools
 def fused_head_with_offloaded_checkpoints() -> None:
     """TRL 1.16's fused LM head under ZeRO-3 with checkpoints kept in host memory (activation offloading).
 
-    The head's backward gathers `lm_head.weight` again with `maybe_gather_lm_head_ctx`, which reads ZeRO-3's
-    `ds_status` from it. With offloading on, autograd hands the saved weight to the offload hooks as a plain
-    tensor (a detached alias, not the Parameter), TRL's hooks copy it to host memory as an activation, and the
-    backward gets back a plain tensor holding the full, gathered weight: `AttributeError: 'Tensor' object has
-    no attribute 'ds_status'` (seen on an H200, 2026-12-01, ZeRO-3 with SFT_GRADIENT_CHECKPOINTING=offload,
-    2,048 tokens a row; docs/long-rows.md). A tensor that is not ZeRO-3's needs no gathering: it is passed by.
-    Remove when TRL's maybe_gather_lm_head_ctx skips tensors without ds_status."""
+    The head's backward gathers `lm_head.weight` again with `maybe_gather_lm_head_ctx`, which reads ZeRO-3's `ds_status`
+    from it. With offloading on, autograd hands the saved weight to the offload hooks as a plain tensor (a detached
+    alias, not the Parameter), TRL's hooks copy it to host memory as an activation, and the backward gets back a plain
+    tensor holding the full, gathered weight: `AttributeError: 'Tensor' object has no attribute 'ds_status'` (seen with
+    ZeRO-3, SFT_GRADIENT_CHECKPOINTING=offload, 2,048 tokens a row; docs/long-rows.md,
+    'ZeRO-3 with the checkpoints in host memory, fixed'). A tensor that is not ZeRO-3's needs no gathering: it is passed
+    by. Remove when TRL's maybe_gather_lm_head_ctx skips tensors without ds_status."""
     from trl.trainer import utils
 
     original = utils.maybe_gather_lm_head_ctx

@@ -11,12 +11,12 @@ import torch
 def gradient_norm_in_fp32() -> None:
     """DeepSpeed 0.19.8's ZeRO-1/2 gradient norm (`get_grad_norm_direct`, each step, for clipping and the logged
     grad_norm) copies each gradient to fp64 and takes its norm, one parameter at a time: 398 copies and norms for
-    Qwen3-4B, 27.4 ms of a 0.55 s step on an H200. torch's `_foreach_norm` with fp32 accumulation gives the same
-    norm to 6 digits in 3.7 ms, reading the bf16 gradients in place (scripts/bench_optimizer_kernels.py;
-    docs/speed.md). The same parameters count (DeepSpeed's filter, restated below: pipeline replicas once, model-
-    parallel shards on their own rank), the same reductions follow, and a NaN or inf norm is masked as DeepSpeed
-    masks it (the step's norm then reads inf, which the ranks stop on: progress.py). Only the L2 norm, the one
-    ZeRO-1/2 clips with; any other goes to DeepSpeed's own. Remove when DeepSpeed stops computing the norm in fp64
+    Qwen3-4B, several percent of a step. torch's `_foreach_norm` with fp32 accumulation gives the same norm to 6 digits
+    in a fraction of the time, reading the bf16 gradients in place (scripts/bench_optimizer_kernels.py; measured:
+    docs/speed.md, 'the gradient norm in fp32'). The same parameters count (DeepSpeed's filter, restated below: pipeline
+    replicas once, model-parallel shards on their own rank), the same reductions follow, and a NaN or inf norm is masked
+    as DeepSpeed masks it (the step's norm then reads inf, which the ranks stop on: progress.py). Only the L2 norm, the
+    one ZeRO-1/2 clips with; any other goes to DeepSpeed's own. Remove when DeepSpeed stops computing the norm in fp64
     one tensor at a time."""
     from deepspeed.runtime.zero import stage_1_and_2 as zero
 
