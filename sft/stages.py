@@ -113,8 +113,8 @@ def without_pinned_memory(config: dict[str, Any]) -> dict[str, Any]:
 def overlap_comm(config: Mapping[str, Any], stage: Stage, world: int, users: bool) -> tuple[Mapping[str, Any], str]:
     """The shipped ZeRO-1/2 configs overlap the gradients' reduction with the backward (overlap_comm), for which
     DeepSpeed 0.19.8 synchronises the device before each gradient bucket and at the backward's end: the host waits
-    for the GPU's queue about 20 times a step (sft/ranks/patches/reads.py says what such a wait costs). One rank reduces nothing, so
-    it is off there (in the plan's rows too). A user's file is left as it is."""
+    for the GPU's queue about 20 times a step (sft/ranks/patches/reads.py says what such a wait costs). One rank reduces
+    nothing, so it is off there (in the plan's rows too). A user's file is left as it is."""
     zero = config.get("zero_optimization") or {}
     if users or world > 1 or stage.zero not in (1, 2) or not zero.get("overlap_comm"):
         return config, "as the config says"

@@ -1,9 +1,8 @@
-"""DeepSpeed's ZeRO-2 gradient norm against the job's (sft/ranks/patches/zero_step.py::gradient_norm_in_fp32) on the same
-training: real DeepSpeed in bf16 on CPU ranks (gloo), clipping on, three steps with DeepSpeed's own norm, then the
-same three steps from the same weights with the job's; then with each, one step whose gradient holds a NaN.
-Parameters of odd sizes, so with two ranks a parameter is split between them and the partitions are padded. Rank 0
-prints one JSON line.
-Usage: python -m tests.gradient_norm_step PORT RANK WORLD_SIZE, from the repository root (run by
+"""DeepSpeed's ZeRO-2 gradient norm against the job's (sft/ranks/patches/zero_step.py::gradient_norm_in_fp32) on the
+same training: real DeepSpeed in bf16 on CPU ranks (gloo), clipping on, three steps with DeepSpeed's own norm, then the
+same three steps from the same weights with the job's; then with each, one step whose gradient holds a NaN. Parameters
+of odd sizes, so with two ranks a parameter is split between them and the partitions are padded. Rank 0 prints one JSON
+line. Usage: python -m tests.gradient_norm_step PORT RANK WORLD_SIZE, from the repository root (run by
 tests/test_patches.py)."""
 
 import json

@@ -1,11 +1,10 @@
-"""DeepSpeed's ZeRO-1 or 2 step against the job's (sft/ranks/patches/zero_step.py::zero_step_in_one_pass) on the same training:
-real DeepSpeed in bf16 on CPU ranks (gloo), torch's AdamW with two parameter groups (weight decay and none, as
-the Trainer makes them) and a learning rate that changes each step, clipping on; four steps with DeepSpeed's
-own step, then the same four from the same weights with the job's. Then the job's engine saves a checkpoint,
-a fresh engine with DeepSpeed's own step loads it, and both take one more step. Parameters of odd sizes, so
-with two ranks a parameter is split between them and the partitions are padded. Rank 0 prints one JSON line.
-Usage: python -m tests.optimizer_step PORT RANK WORLD_SIZE FUSED CHECKPOINT_DIR STAGE, from the repository root
-(run by tests/test_patches.py)."""
+"""DeepSpeed's ZeRO-1 or 2 step against the job's (sft/ranks/patches/zero_step.py::zero_step_in_one_pass) on the same
+training: real DeepSpeed in bf16 on CPU ranks (gloo), torch's AdamW with two parameter groups (weight decay and none, as
+the Trainer makes them) and a learning rate that changes each step, clipping on; four steps with DeepSpeed's own step,
+then the same four from the same weights with the job's. Then the job's engine saves a checkpoint, a fresh engine with
+DeepSpeed's own step loads it, and both take one more step. Parameters of odd sizes, so with two ranks a parameter is
+split between them and the partitions are padded. Rank 0 prints one JSON line. Usage: python -m tests.optimizer_step
+PORT RANK WORLD_SIZE FUSED CHECKPOINT_DIR STAGE, from the repository root (run by tests/test_patches.py)."""
 
 import json
 import os

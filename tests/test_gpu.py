@@ -231,8 +231,8 @@ def test_the_zero_step_in_one_pass_reaches_the_end_of_a_partition_past_2_31_elem
 
 @pytest.mark.parametrize("kept", [0, 1, 4], ids=lambda n: f"{n}-of-4-tiles-kept")
 def test_the_lm_heads_kept_tiles_give_trls_numbers_on_the_gpu(kept):
-    """sft/ranks/patches/lm_head.py against TRL's fused head through its Triton folds: 8,188 tokens (two token tiles) of a
-    40,000-token vocabulary (a 32,768 tile and a narrower one)."""
+    """sft/ranks/patches/lm_head.py against TRL's fused head through its Triton folds: 8,188 tokens (two token tiles) of
+    a 40,000-token vocabulary (a 32,768 tile and a narrower one)."""
     from test_lm_head import compare
 
     compare(kept, "cuda", tokens=8188, hidden_size=256, vocab=40000, chunk=32768, exact=False)

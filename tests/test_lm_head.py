@@ -1,7 +1,7 @@
-"""The LM head with its logits tiles kept for the backward (sft/ranks/patches/lm_head.py) gives what TRL's own fused head
-gives, whatever share of the tiles its budget keeps: the same log-probabilities, entropy, top-1 flags and
-gradients, bit for bit (the tiles are the same GEMM's output, kept or computed again). On CPU, through TRL's torch
-fold of each tile; the GPU's Triton fold is the same kernel in both (tests/test_gpu.py runs the job there)."""
+"""The LM head with its logits tiles kept for the backward (sft/ranks/patches/lm_head.py) gives what TRL's own fused
+head gives, whatever share of the tiles its budget keeps: the same log-probabilities, entropy, top-1 flags and
+gradients, bit for bit (the tiles are the same GEMM's output, kept or computed again). On CPU, through TRL's torch fold
+of each tile; the GPU's Triton fold is the same kernel in both (tests/test_gpu.py runs the job there)."""
 
 from __future__ import annotations
 

@@ -240,8 +240,8 @@ MEASURED_ONE_PASS = [(Q4, 1, "2", 4, 1, 2048, False, 92.94), (Q4, 1, "2", 4, 1, 
 
 
 # All of the above ran TRL's own LM head, which projects its tiles again in the backward (kept: False).
-# 2026-12-04, the same defaults with the LM head's 8,188 x 151,936 tiles kept for the backward (sft/ranks/patches/lm_head.py):
-# five runs on two machines (docs/speed.md)
+# 2026-12-04, the same defaults with the LM head's 8,188 x 151,936 tiles kept for the backward
+# (sft/ranks/patches/lm_head.py): five runs on two machines (docs/speed.md)
 MEASURED_KEPT = [(Q4, 1, "2", 4, 1, 2048, False, 94.83)]
 
 

@@ -86,10 +86,10 @@ def test_the_split_is_decided_recorded_and_reported(split):
 
 def test_two_epochs_and_a_resume_in_the_second_keep_the_whole_rows_order(tmp_path):
     """Two epochs of 24 conversations, split and whole: the same rows in the same order, epoch by epoch (the
-    Trainer's epochs through DeepSpeed's batch adapter, sft/ranks/patches/seqpar.py). Then the VM dies after checkpoint-27
-    (final/ and the later checkpoints gone): a start asking for another split is refused, and one with auto
-    resumes with the checkpoint's, three rows into the second epoch (an odd number: half a turn of the
-    adapter), and trains what the uninterrupted runs trained."""
+    Trainer's epochs through DeepSpeed's batch adapter, sft/ranks/patches/seqpar.py). Then the VM dies after
+    checkpoint-27 (final/ and the later checkpoints gone): a start asking for another split is refused, and one with
+    auto resumes with the checkpoint's, three rows into the second epoch (an odd number: half a turn of the adapter),
+    and trains what the uninterrupted runs trained."""
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:24]))
     two_epochs = {"SFT_DATASET": str(data), "SFT_MAX_STEPS": "-1", "SFT_EPOCHS": "2", "SFT_SAVE_STEPS": "9",

@@ -44,12 +44,14 @@ class TrainResult(Record):
 
     @classmethod
     def of(cls, reports: list[RankReport], wall: float, went_on_from: int | None = None) -> TrainResult:
-        result = cls(round(wall, 1), [gib(r.peak_reserved_bytes) for r in reports], went_on_from_probe_step=went_on_from)
+        result = cls(round(wall, 1), [gib(r.peak_reserved_bytes) for r in reports],
+                     went_on_from_probe_step=went_on_from)
         main = next((r for r in reports if r.rank == 0), None)
         if main is None:
             return result
         result.status, result.global_step, result.train_runtime = main.status, main.global_step, main.train_runtime
-        result.train_loss, result.num_tokens, result.tokens_before = main.train_loss, main.num_tokens, main.tokens_before
+        result.train_loss, result.num_tokens = main.train_loss, main.num_tokens
+        result.tokens_before = main.tokens_before
         result.stop_reason, result.error, result.log_history = main.stop_reason, main.error, main.log_history
         result.eval_seconds = round(main.eval_seconds, 3)
         if main.num_tokens and main.train_runtime:

@@ -3,10 +3,10 @@ split into the forward, the backward and DeepSpeed's optimizer step, and each in
 communication, copies, other kernels and idle GPU time.
 
 Turned on by SFTDEV_PROFILE_STEP=N in the ranks' environment, never by a user setting (the rank program loads
-sft/dev/ only when such a variable asks: sft/ranks/devtools.py). Writes REPORT_DIR/profile-rank0.json (the split) and profile-rank0.trace.json (a Chrome
-trace), and profile-rank0.python.txt: Python's own profile (cProfile) of the same step, the functions that
-hold the host while the GPU waits. The phases are timed with a device synchronisation at each boundary,
-which a profiled step pays, and cProfile slows Python-heavy code further: profile a run of its own.
+sft/dev/ only when such a variable asks: sft/ranks/devtools.py). Writes REPORT_DIR/profile-rank0.json (the split) and
+profile-rank0.trace.json (a Chrome trace), and profile-rank0.python.txt: Python's own profile (cProfile) of the same
+step, the functions that hold the host while the GPU waits. The phases are timed with a device synchronisation at each
+boundary, which a profiled step pays, and cProfile slows Python-heavy code further: profile a run of its own.
 
 With SFTDEV_PROFILE_TIMELINE=1 the step runs as it would, with nothing synchronised and no cProfile: the
 profiler records Python's stacks instead, and profile-rank0.gaps.txt says what the host was running while

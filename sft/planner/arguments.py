@@ -20,7 +20,8 @@ from .decision import Decision
 
 @dataclass(frozen=True)
 class Run:
-    """One launch of the ranks: the settings, the decision, and what differs between its launches: a probe's or the training's steps, and where they go."""
+    """One launch of the ranks: the settings, the decision, and what differs between its launches (a probe's or the
+    training's steps, and where they go)."""
 
     settings: Settings
     decision: Decision

@@ -53,9 +53,9 @@ FUSED_LM_HEAD = True
 TRL_TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
 TRL_VOCAB_TILE = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
 TILE_BYTES = 2  # the bf16 tile buffer
-# The forward's tiles kept for the backward (sft/ranks/patches/lm_head.py), so that it does not project them again: up to
-# this share of the GPU's memory, and only of what the plan leaves free (plan.py: they never make a plan not fit).
-# 3% holds all of Qwen3's 8,192 x 151,936 tiles (2.32 GiB, the defaults) on an 80 GiB GPU.
+# The forward's tiles kept for the backward (sft/ranks/patches/lm_head.py), so that it does not project them again: up
+# to this share of the GPU's memory, and only of what the plan leaves free (plan.py: they never make a plan not fit). 3%
+# holds all of Qwen3's 8,192 x 151,936 tiles (2.32 GiB, the defaults) on an 80 GiB GPU.
 HEAD_KEPT_FRACTION = 0.03
 LM_HEAD_GRAD_BYTES = 6  # per LM head parameter: fp32 accumulator + its bf16 copy handed to autograd
 HIDDEN_GRAD_BYTES = 6  # per token x hidden: the same for the hidden states' gradient

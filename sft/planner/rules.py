@@ -150,8 +150,9 @@ def levels(s: Settings, split: Split, on_gpu: bool) -> tuple[Split, ...]:
 
 
 def compile_model(s: Settings, ranks: Ranks, stage: Stage, sequence_parallel: int = 1) -> tuple[bool, str]:
-    """Whether each decoder layer is compiled (sft/ranks/train.py::regional_compilation), at this stage. Compiled, Liger's kernels stay
-    off (liger below), and the planner counts a compiled layer's activations as Liger's (measured the same)."""
+    """Whether each decoder layer is compiled (sft/ranks/train.py::regional_compilation), at this stage. Compiled,
+    Liger's kernels stay off (liger below), and the planner counts a compiled layer's activations as Liger's (measured
+    the same)."""
     if s.compile != "auto":
         return s.compile == "true", f"{s.compile} (SFT_COMPILE)"
     if not ranks.on_gpu:

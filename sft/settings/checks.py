@@ -153,7 +153,8 @@ def service_problems(s: Settings) -> list[str]:
 
 
 def sequence_parallel_problems(s: Settings) -> list[str]:
-    """What a row split over N GPUs asks of the other settings, one line each (check reports them with the others; the machine and the model are checked by sequence_parallel)."""
+    """What a row split over N GPUs asks of the other settings, one line each (check reports them with the others;
+    the machine and the model are checked by the planner's rule, rules.sequence_parallel)."""
     n = s.sequence_parallel
     if n in ("auto", 1):
         return []
