@@ -210,10 +210,10 @@ def job(probe_only: bool) -> int:
     from . import job as recipe
     from . import standby
 
-    where = nodes.from_env(os.environ)
-    s, problems = prepare.settings()
+    s, problems = prepare.settings()  # the nodes' variables among them
     check = machine.early_import_check(s.attention)
     gpus = machine.gpus()
+    where = nodes.from_env(os.environ) if not problems else nodes.Nodes()
     ranks, refused = prepare.ranks(s, Machine(gpus=gpus, nodes=where.nnodes))
     problems += refused
     waiting = standby.start(s, ranks, where, gpus) if not problems and ranks else None  # inputs checked meanwhile
