@@ -18,6 +18,8 @@ PIP_CERT ?=
 # the image's OCI labels
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 SOURCE_URL ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
+# processes the tests run in (pytest-xdist; a test file stays in one, so its shared runs are made once); 0: this one
+TEST_WORKERS ?= 2
 # the tag of the CI variant `make test-image` builds (CPU torch, Debian base)
 CI_IMAGE ?= sft-zero:ci
 # host folder mounted at /data by `make run` and `make probe`
@@ -44,7 +46,7 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 	SFT_LEARNING_RATE=2e-3 HF_HUB_OFFLINE=1 $(PY) entrypoint.py
 
 test:  ## the test suite (CPU; GPU tests skip with their reason)
-	$(PY) -m pytest -q --durations=25  # the slowest 25: CI has 90 minutes
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest 25: CI has 90 minutes
 
 docs:  ## write docs/settings.md's table from the settings' help texts (a test keeps them equal)
 	$(PY) scripts/settings_table.py

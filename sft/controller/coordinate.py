@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import secrets
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path

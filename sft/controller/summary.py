@@ -42,6 +42,11 @@ class TrainResult(Record):
     steady_tokens_per_second: float | None = None
     went_on_from_probe_step: int | None = None  # the training's launch was the probe's, from this step
 
+    OPTIONAL = ("tokens_per_second", "steady_tokens_per_second", "went_on_from_probe_step")  # absent when unknown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in super().to_dict().items() if v is not None or k not in self.OPTIONAL}
+
     @classmethod
     def of(cls, reports: list[RankReport], wall: float, went_on_from: int | None = None) -> TrainResult:
         result = cls(round(wall, 1), [gib(r.peak_reserved_bytes) for r in reports],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from .. import exitcodes
 from ..handoff import CheckpointRecord, Split

@@ -1,0 +1,113 @@
+"""The training, carried out: the epoch(s) in the probe's launch where it goes on, else a launch of its own, with the
+uploader and the time limit's watch running meanwhile; then how it ended (job.py closes the run with it)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoints, exitcodes
+from ..console import say
+from ..events import StopRequested, TrainStarted
+from ..planner import disk
+from ..planner.decision import Decision
+from . import budget, figures, reshard, summary, timekeeper, uploads
+from .runs import Held, Runner
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a start ends: its exit code and status, and what the closing must still end or flush."""
+
+    code: int
+    status: str
+    held: Held | None = None  # the training's launch, left waiting after the probe: it ends, saving nothing
+    uploader: Any = None  # the checkpoints' uploader, running since the training began
+    clock: timekeeper.TimeKeeper | None = None  # the time limit's watch: a stop for time uploads in what is left
+
+
+def train(job: Runner, parts: summary.Parts, target, held: Held | None, resume: Path | None) -> Ending:
+    """The epoch(s), from the probe's launch where it goes on (else a launch of its own), the uploader and the time
+    limit's watch running meanwhile; how it ended."""
+    s, d, stopper = job.s, parts.decision, job.stopper
+    probed = (parts.probe.figures if parts.probe else None) or {}  # the probe's figures (none on a resume)
+    max_steps = d.max_steps or s.max_steps
+    if held is not None and max_steps != held.spec.max_steps:  # its schedule is for more steps
+        say("train: launched again, for the steps the budget capped; the probe's launch ends")
+        held.end("the budget capped the run's steps")
+        held = None
+    if stopper.requested:
+        return Ending(exitcodes.STOPPED, "stopped", held)
+    clock = watch(job, parts, d)
+    if clock is not None and (call := clock.before_training(probed.get("seconds_per_step"))).stop:
+        say(f"error: time limit: no time left to train before {clock.deadline.text()}: {call.reason}")
+        job.events.emit(StopRequested(reason="time limit", detail=call.reason))
+        return Ending(exitcodes.TIME_LIMIT, "stopped for time", held)
+    probed_at = probed.get("steps")  # the probe's steps, fewer where the run is shorter
+    where = (f"resuming from {resume}" if resume else f"going on from the probe's step {probed_at}, in its launch"
+             if held else "from the start")
+    say(f"train: ZeRO {d.stage.name}, {where}")
+    uploader = uploads.start(s, target, job.paths, job.events)
+    job.events.emit(TrainStarted(stage=d.stage.name, max_steps=max_steps, resumed_from=parts.resumed_from and
+                                 str(parts.resumed_from)))
+    started = held.began if held else time.time()  # a launch that went on from the probe: from its start
+    with timekeeper.watching(clock, uploader):
+        if held is not None:
+            held.go_on()
+            code, reports = held.finish()
+        else:
+            code, reports = job.run(job.spec(d, "train", job.paths.out, max_steps, resume))
+    parts.train = result = summary.TrainResult.of(reports, time.time() - started, probed_at if held else None)
+    parts.phases.done("train")
+    if d.reshard is not None:
+        reshard.tidy(job.paths)
+    return Ending(*ended(job, parts, code, result), uploader=uploader, clock=clock)
+
+
+def watch(job: Runner, parts: summary.Parts, d: Decision) -> timekeeper.TimeKeeper | None:
+    """With a time limit: its watch for training (None without one)."""
+    if parts.time_limit is None:
+        return None
+    checkpoint, final = budget.sizes(d, job.total_params, job.s.extra_trainer_args)
+    return timekeeper.TimeKeeper(parts.time_limit, job.paths.run, job.stopper, checkpoint, final, uploads=job.uploads)
+
+
+def ended(job: Runner, parts: summary.Parts, code: int, result: summary.TrainResult) -> tuple[int, str]:
+    """How the training ended, as an exit code and a status (the probe's prediction checked against it)."""
+    probed = (parts.probe.figures if parts.probe else None) or {}
+    if (check := figures.against_run(probed, result.to_dict())) is not None:
+        parts.probe_check = check
+        say(figures.against_run_line(check))
+    stopper = job.stopper
+    if stopper.reason == "time limit":
+        return exitcodes.TIME_LIMIT, "stopped for time"
+    if result.stop_reason and not stopper.requested:  # the ranks stopped before the disk filled
+        say(f"error: {result.stop_reason}")
+        return exitcodes.PREFLIGHT, "stopped: disk"
+    if stopper.requested or result.status == "stopped":
+        return exitcodes.STOPPED, "stopped"
+    if code != 0 or result.status != "done":
+        failed_save(job.paths.out)
+        why = f": {result.error}" if result.error else ""
+        say(f"error: training failed (launcher exit code {code}{why}); complete checkpoints are kept and a new start "
+            "resumes from the newest")
+        return exitcodes.TRAIN_FAILED, "failed"
+    return exitcodes.DONE, "done"
+
+
+def failed_save(out: Path) -> None:
+    """After a failed training: say so when the disk is full, and remove the checkpoints the failure tore (a resume
+    never trusts them; gone, they give the summary room)."""
+    newest = checkpoints.latest_complete(out)
+    size, free = (checkpoints.folder_bytes(newest) if newest else None), checkpoints.free_disk(str(out))
+    if disk.full_after_failure(free, size):
+        say(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free, less than one checkpoint: {size / 1e9:.3g} "
+            "GB), so the save failed: free space or mount a larger volume")
+    for torn in checkpoints.torn(out):
+        shutil.rmtree(torn, ignore_errors=True)
+        say(f"removed {torn.name}: the failure left it incomplete; a new start resumes from "
+            f"{newest.name if newest else 'the beginning'}")
+
