@@ -61,8 +61,8 @@ CONFIGS = {
     # the defaults before SFT_COMPILE (2026-11-29 to 12-01): everything else as today
     "default-nocompile": dict(compile="false"),
     # accelerate's regional compilation: each decoder layer compiled once and reused. Since 2026-12-02 the job
-    # compiles this way whenever it compiles (sft/ranks/train.py::regional_compilation), so "compile" and "compile-layers" are alike,
-    # and so are the two configurations below (with 55862eb, compile-noliger-nockpt compiled the whole model).
+    # compiles this way whenever it compiles (sft/ranks/train.py::regional_compilation), so "compile" and
+    # "compile-layers" are alike, and so are the two configurations below (with 55862eb, compile-noliger-nockpt compiled the whole model).
     "compile-layers": dict(compile="true", env={"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}),
     # compiled without Liger's kernels (which turn the compiled loss NaN) and without checkpointing, at ZeRO-2
     # (before 2026-12-02 the planner counted the uncompiled model's activations, which do not fit without Liger)
