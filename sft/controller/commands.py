@@ -109,7 +109,6 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
 def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnodes: int, host_memory: float | None,
          as_json: bool) -> None:
     """Memory per GPU for every ZeRO option, and the decision, for this machine or the one the options describe."""
-    from ..planner.decide import decide
     from ..planner.plan import format_table
 
     deepspeed_logs_to_stderr()
@@ -129,13 +128,9 @@ def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnod
     if problems or ranks is None:
         fail(problems[0], exitcodes.BAD_SETTINGS)
     try:
-        given = inputs.read(s, found, ranks)
-    except CannotRun as e:
-        fail(str(e), e.exit_code)
-    try:
-        d = decide(given)
+        d = prepare.prepare(s, replace(facts, machine=found), ranks, read_data=False).decision
         p, explained, refused = d.plan, d.explain(), None
-    except CannotRun as e:
+    except CannotRun as e:  # where nothing fits, the plan still says why, option by option
         if e.plan is None:
             fail(str(e), e.exit_code)
         p, explained, d, refused = e.plan, f"  stage: {e}", None, str(e)
