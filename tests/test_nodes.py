@@ -349,7 +349,9 @@ def test_node_0_holds_the_folders_lock_and_a_third_job_stops_at_once(tmp_path):
         assert third.returncode == exitcodes.OUTPUT_BUSY, third.stdout[-3000:] + third.stderr[-3000:]
         assert f"error: another job is running on {tmp_path / 'out'} (pid {procs[0].pid} on " in third.stdout
 
-    (code0, log0), (code1, log1) = two_nodes(tmp_path, "locked", meanwhile=third_job)
+    # the ranks wait in a collective while they are paused: their timeout must outlast the third job's start on a
+    # busy machine (30 s did not, under a parallel test run with a busy core)
+    (code0, log0), (code1, log1) = two_nodes(tmp_path, "locked", meanwhile=third_job, node_timeout_seconds=300)
     assert code0 == code1 == 0, log0[-3000:] + log1[-3000:]
     assert read_summary(tmp_path / "out")["train"]["global_step"] == JOB["max_steps"]
 
