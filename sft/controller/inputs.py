@@ -17,7 +17,7 @@ from .. import checkpoints, exitcodes, nodes
 from ..settings.entries import looks_local
 from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine, Ranks
 from ..planner.shape import ModelShape
-from ..settings import REPO_ID, Settings
+from ..settings import Settings, is_hub_name
 from . import revisions
 
 Finder = Callable[[Settings], list[str]]
@@ -109,7 +109,7 @@ def ds_file(s: Settings) -> list[str]:
 
 def model_config(s: Settings) -> list[str]:
     """The model's config.json can be read (a folder's, or the Hub's or its cache's for a name)."""
-    if _local_folder(s.model) is None and (looks_local(s.model) or not REPO_ID.match(s.model)):
+    if _local_folder(s.model) is None and (looks_local(s.model) or not is_hub_name(s.model)):
         return []  # the settings named the missing folder, or a name the Hub cannot have
     try:
         shape_of(s.model)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from ..settings import REPO_ID
+from ..settings import is_hub_name
 from ..settings.entries import looks_local
 
 FRAMEWORKS = ("torch", "deepspeed", "transformers", "trl", "accelerate", "datasets", "huggingface_hub")
@@ -16,7 +16,7 @@ FRAMEWORKS = ("torch", "deepspeed", "transformers", "trl", "accelerate", "datase
 
 def hub_name(value: Any) -> str | None:
     """`value` if it names a Hub repo (the card's metadata may only link those), else None."""
-    ok = isinstance(value, str) and "/" in value and not looks_local(value) and REPO_ID.match(value)
+    ok = isinstance(value, str) and "/" in value and not looks_local(value) and is_hub_name(value)
     return value if ok else None
 
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fields import REPO_ID
+from .names import hub_name_problem, not_a_name
 
 # datasets' builder for each local file format
 LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -89,8 +89,8 @@ def problems(var: str, value: str) -> list[str]:
         head = f"{var}={value!r}: " + (f"{e.path}: " if len(entries) > 1 else "")
         path = Path(e.path).expanduser()
         if not e.local:
-            if not REPO_ID.match(e.path):
-                found.append(head + "neither a local path nor a Hub name such as trl-lib/Capybara")
+            if hub_name_problem(e.path) is not None:
+                found.append(head + not_a_name(e.path, "neither a local path nor a Hub name such as trl-lib/Capybara"))
         elif not path.exists():
             found.append(head + "no such file or folder")
         elif e.kind == "file" and path.suffix not in DATA_SUFFIXES:
@@ -145,7 +145,8 @@ def settings_problems(s) -> list[str]:
 def _template_problems(value: str) -> list[str]:
     path = Path(value).expanduser()
     if not looks_local(value):
-        return [] if REPO_ID.match(value) else [f"SFT_CHAT_TEMPLATE={value!r}: neither a local path nor a Hub name"]
+        return [] if hub_name_problem(value) is None else [
+            f"SFT_CHAT_TEMPLATE={value!r}: " + not_a_name(value, "neither a local path nor a Hub name")]
     if not path.exists():
         return [f"SFT_CHAT_TEMPLATE={value!r}: no such file or folder"]
     if path.is_file() and path.suffix not in (".jinja", ".j2"):  # TRL reads any other path as a tokenizer's
