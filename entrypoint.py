@@ -50,9 +50,22 @@ def _print_version(ctx: click.Context, param, value: bool) -> None:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Fine-tune a model as the SFT_* environment variables say. With no command: `run`."""
+    _close_stdin()
     transport.choose()  # before anything imports huggingface_hub, which reads it then; the ranks inherit it
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
+
+
+def _close_stdin() -> None:
+    """A batch job answers no question: stdin is /dev/null for this process and every one it starts, so a library
+    that would ask (transformers' "run the custom code? [y/N]" of a model's own code) reads end-of-file and
+    refuses, and nothing typed or piped in can say yes. SFT_TRUST_REMOTE_CODE is the one way to consent."""
+    import os
+
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's stdin, for its whole life
 
 
 @cli.command()

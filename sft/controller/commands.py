@@ -77,7 +77,8 @@ def config() -> None:
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
     # DeepSpeed's train_batch_size counts data-parallel ranks: world / the GPUs that share each row
     filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world // d.sequence_parallel,
-                              AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
+                              AutoConfig.from_pretrained(s.model, trust_remote_code=s.trust_remote_code),
+                              max(s.max_steps, 1))
     click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
                            "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
                            "trainer": spec.trainer, "deepspeed": filled}, indent=2, default=str))

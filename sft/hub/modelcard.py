@@ -72,6 +72,9 @@ def _data_lines(summary: dict[str, Any]) -> str:
     """The data, the tokens learned and the evaluation, as the summary recorded them (commits included)."""
     data, ev = summary.get("data") or {}, summary.get("eval") or {}
     lines = []
+    if (summary.get("settings") or {}).get("trust_remote_code"):  # consent given on purpose: said where users read
+        why = (summary.get("decisions") or {}).get("remote_code", "SFT_TRUST_REMOTE_CODE=true")
+        lines.append(f"- remote code: {why}; loading this model needs `trust_remote_code=True` as well")
     if summary.get("model_revision"):
         lines.append(f"- base model commit: `{summary['model_revision']}`")
     if data:

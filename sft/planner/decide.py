@@ -72,6 +72,11 @@ def _with_data(inputs: Inputs, d: Decision) -> Decision:
         asked = inputs.settings.model_revision
         reasons["model"] = f"{inputs.settings.model} at commit {inputs.model_revision}" + (
             f" (SFT_MODEL_REVISION={asked})" if asked else " (its main branch at start)")
+    if inputs.settings.trust_remote_code:
+        reasons["remote_code"] = ("SFT_TRUST_REMOTE_CODE=true: the model's own code runs in the controller and every "
+                                  f"rank, trusted on purpose ({'; '.join(inputs.remote_code)})" if inputs.remote_code
+                                  else "SFT_TRUST_REMOTE_CODE=true, and the model maps no class to code of its own: "
+                                  "none runs")
     if inputs.data is None:
         return _replace(d, model_revision=inputs.model_revision, reasons=reasons)
     plan, why = data_rules.plan(inputs.settings, inputs.data)
