@@ -8,6 +8,7 @@ What it found, the DataFacts, is what the decision's data rules read (planner/da
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,15 +127,16 @@ def _sources(sources: list[DataSource], var: str, problems: list[str]) -> tuple[
 
 
 def _not_utf8(src: DataSource) -> list[str]:
-    """A local source's text files that are not UTF-8 (data/files.py): said here, once, before datasets reads them."""
-    from ..data.files import encoding_problems
+    """What a local source's files must not be when datasets reads them (data/files.py: not UTF-8, a first row that
+    crashes pyarrow): said here, once, before it reads them."""
+    from ..data.files import before_reading
     from ..settings.entries import DATA_SUFFIXES, Entry
 
-    kind, path = Entry(src.path).kind, Path(src.path).expanduser()
+    kind, path = Entry(src.path).kind, Path(os.path.expanduser(src.path))
     if kind == "file":
-        return encoding_problems([path])
+        return before_reading([path])
     if kind == "folder":
-        return encoding_problems(sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()))
+        return before_reading(sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()))
     return []
 
 
@@ -266,6 +268,10 @@ def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str
     from ..data import longrows
 
     lengths = longrows.measure(found.train, labeller)
+    if none := [i for i, n in enumerate(lengths) if n == 0]:  # packed, they fail in pyarrow, far from the cause
+        raise DataError([f"{template.owner(s)}: its chat template renders {checks.rows_named(none)} of the training "
+                         "rows as no token at all, which teaches nothing: fix the template (does it loop over "
+                         "messages?), or remove the rows"])
     found.long_rows = longrows.count(lengths, s.max_length, s.long_rows)
     if (problem := found.long_rows.problem(s.packing)) is not None:
         return [problem], [], lengths

@@ -241,7 +241,7 @@ def _local_folder(model: str) -> Path | None:
     if not looks_local(model):
         return None
     path = Path(os.path.expanduser(model))
-    return path if (path / "config.json").is_file() else None
+    return path if os.path.isfile(path / "config.json") else None  # os.path: no raise on a name too long
 
 
 def _tokenizer(folder: Path, trust: bool = False):

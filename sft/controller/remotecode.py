@@ -11,8 +11,8 @@ runs, needed or not: transformers prefers a model's own code to its own once the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ def problem(var: str, model: str, codes: list[Code], trusted: bool) -> str | Non
     needed = [c for c in codes if c.needed]
     if trusted or not needed:
         return None
-    where = str(Path(model).expanduser()) if Path(model).expanduser().is_dir() else f"https://huggingface.co/{model}"
+    local = os.path.expanduser(model)
+    where = local if os.path.isdir(local) else f"https://huggingface.co/{model}"
     return (f"{var}={model!r}: needs its own code to load ({'; '.join(c.text() for c in needed)}: the auto_map of its "
             "config files), which transformers does not have; the job never runs a model's code unasked: read it "
             f"({where}), then set SFT_TRUST_REMOTE_CODE=true to run it, or use a model transformers supports")

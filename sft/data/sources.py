@@ -13,6 +13,7 @@ in the same order, so a resume continues the same epoch (the Trainer shuffles wi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,7 @@ def load(source: DataSource, var: str = "SFT_DATASET") -> Dataset:
             return _saved(source, label)
         if kind == "hub":
             return datasets.load_dataset(source.path, source.config, split=source.split, revision=source.revision)
-        path = Path(source.path).expanduser()
+        path = Path(os.path.expanduser(source.path))
         if kind == "file":
             return datasets.load_dataset(LOADERS[path.suffix], data_files=str(path), split=source.split)
         if unread := _unread(path):
@@ -103,7 +104,7 @@ def _unread(folder: Path) -> list[Path]:
 def _saved(source: DataSource, label: str) -> Dataset:
     from datasets import DatasetDict, load_from_disk
 
-    found = load_from_disk(str(Path(source.path).expanduser()))
+    found = load_from_disk(str(Path(os.path.expanduser(source.path))))
     if not isinstance(found, DatasetDict):
         if source.split != "train":
             raise DataError([f"{label}: a save_to_disk Dataset is one split, not {source.split!r}; save a "
@@ -120,7 +121,7 @@ def _why(error: Exception, source: DataSource, kind: str, label: str, var: str) 
         one_file = " (a single file is the one split 'train')" if kind == "file" else ""
         return [f"{label}: no split {source.split!r}{one_file}: {text.splitlines()[0]}"]
     if kind in ("file", "folder"):
-        path = Path(source.path).expanduser()
+        path = Path(os.path.expanduser(source.path))
         paths = [path] if kind == "file" else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
         if found := files.diagnose(paths):
             return [f"{var}: {line}" for line in found]

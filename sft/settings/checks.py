@@ -104,9 +104,9 @@ def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
         if hub_name_problem(value) is None:
             return []
         return [bad(var, value, not_a_name(value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B"))]
-    if not path.exists():
+    if not os.path.exists(path):  # False for a name Linux cannot hold (os.path never raises)
         return [bad(var, value, "no such file or folder")]
-    if expect_dir and not (path / "config.json").is_file():
+    if expect_dir and not os.path.isfile(path / "config.json"):
         return [bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
     return []
 

@@ -28,13 +28,13 @@ def output_problems(s) -> list[str]:
     if (why := _unusable(value)) is not None:
         return [bad("SFT_OUTPUT_DIR", value, why)]
     path = Path(os.path.expanduser(value)).absolute()
-    if path.exists() and not path.is_dir():
+    if os.path.exists(path) and not os.path.isdir(path):
         return [bad("SFT_OUTPUT_DIR", value, "exists and is not a folder")]
     real = Path(os.path.realpath(path))
     if (why := _system(real)) is not None:
         return [bad("SFT_OUTPUT_DIR", value, why)]
     existing = path
-    while not existing.exists():
+    while not os.path.exists(existing):
         existing = existing.parent
     if not os.access(existing, os.W_OK | os.X_OK):
         return [bad("SFT_OUTPUT_DIR", value, f"{existing} is not writable (mount a writable folder there)")]
@@ -71,7 +71,7 @@ def _overlaps(outs: set[Path], s) -> list[str]:
     for var, path in _inputs(s):
         given = Path(os.path.expanduser(path)).absolute()
         ways = [(out, p) for out in outs for p in {given, Path(os.path.realpath(given))}]
-        folder = given.is_dir()
+        folder = os.path.isdir(given)
         if folder and any(out == p or p in out.parents for out, p in ways):
             what = "is" if any(out == p for out, p in ways) else "is inside"
             found.append(f"{what} {var}'s folder {path}: the job would write among what it reads; give a folder "
