@@ -93,9 +93,16 @@ def status(target: str, revision: str | None, as_json: bool) -> None:
 
 
 @cli.command()
-def config() -> None:
-    """Print the resolved settings, every decision (the data's too), the Trainer's arguments and DeepSpeed's JSON."""
-    commands.config()
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs per node of the machine to configure for (default: "
+              "detected).")
+@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="Memory per GPU in GiB (default: "
+              "detected).")
+@click.option("--host-memory", type=click.FloatRange(min=0, min_open=True), help="Host RAM per node in GiB (default: "
+              "detected).")
+def config(gpus: int | None, gpu_memory: float | None, host_memory: float | None) -> None:
+    """Print the resolved settings, every decision (the data's too), the Trainer's arguments and DeepSpeed's JSON: for
+    this machine, or the one --gpus and --gpu-memory describe (as `plan` takes them)."""
+    commands.config(gpus, gpu_memory, host_memory)
 
 
 @cli.command()
