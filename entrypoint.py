@@ -50,9 +50,22 @@ def _print_version(ctx: click.Context, param, value: bool) -> None:
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Fine-tune a model as the SFT_* environment variables say. With no command: `run`."""
+    _close_stdin()
     transport.choose()  # before anything imports huggingface_hub, which reads it then; the ranks inherit it
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
+
+
+def _close_stdin() -> None:
+    """A batch job answers no question: stdin is /dev/null for this process and every one it starts, so a library
+    that would ask (transformers' "run the custom code? [y/N]" of a model's own code) reads end-of-file and
+    refuses, and nothing typed or piped in can say yes. SFT_TRUST_REMOTE_CODE is the one way to consent."""
+    import os
+
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's stdin, for its whole life
 
 
 @cli.command()
@@ -80,9 +93,16 @@ def status(target: str, revision: str | None, as_json: bool) -> None:
 
 
 @cli.command()
-def config() -> None:
-    """Print the resolved settings, every decision (the data's too), the Trainer's arguments and DeepSpeed's JSON."""
-    commands.config()
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs per node of the machine to configure for (default: "
+              "detected).")
+@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="Memory per GPU in GiB (default: "
+              "detected).")
+@click.option("--host-memory", type=click.FloatRange(min=0, min_open=True), help="Host RAM per node in GiB (default: "
+              "detected).")
+def config(gpus: int | None, gpu_memory: float | None, host_memory: float | None) -> None:
+    """Print the resolved settings, every decision (the data's too), the Trainer's arguments and DeepSpeed's JSON: for
+    this machine, or the one --gpus and --gpu-memory describe (as `plan` takes them)."""
+    commands.config(gpus, gpu_memory, host_memory)
 
 
 @cli.command()

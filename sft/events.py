@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any, ClassVar
 
 from .console import stamp
 from .handoff import Record
+
+_UNWRITABLE: set[Path] = set()  # event logs that could not be appended to (said once each)
 
 EVENTS_FILE = "events.jsonl"  # under OUTPUT/run/
 PROGRESS_FILE = "progress.json"
@@ -164,14 +167,21 @@ class EventLog:
         if self.path is None:
             return
         data = (json.dumps(event.line(), default=str) + "\n").encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # One write() on an O_APPEND descriptor: lines from rank 0, the controller and its uploader thread never
-        # interleave, and a reader never sees half a line but at the very end while it is written.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # One write() on an O_APPEND descriptor: lines from rank 0, the controller and its uploader thread never
+            # interleave, and a reader never sees half a line but at the very end while it is written.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as e:  # a full or read-only disk: the job's own exit code and message say what happened;
+            # the watchers' line is lost, said once
+            if self.path not in _UNWRITABLE:
+                _UNWRITABLE.add(self.path)
+                print(f"warning: could not append to {self.path} ({e.strerror or e}): its watchers miss the "
+                      "events from here on", file=sys.stderr, flush=True)
 
 
 def read_events(path: Path) -> list[tuple[str, Event]]:

@@ -89,3 +89,11 @@ def send_signal(procs: list[psutil.Process], sig: int) -> None:
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(sig)
+
+
+FUZZ_REPORT: list[str] = []  # tests/test_fuzz.py's groups: their examples and time, said at the end of the run
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in FUZZ_REPORT:
+        terminalreporter.write_line(line)

@@ -84,6 +84,32 @@ def test_config_with_no_settings(no_settings):
     result = entrypoint(env, work, "config")
     one_clear_line(result)
     assert result.returncode == 3 and "no ZeRO option fits this machine" in result.stderr
+    # issue 46: it said so and printed nothing else; now what the machine would need, and how to ask for one
+    assert "; it would need 2 GPU(s) of at least " in result.stderr
+    assert "or more GPUs; `config --gpus N --gpu-memory GIB` shows the configuration for such a machine" in result.stderr
+
+
+def test_config_for_a_machine_the_user_names(no_settings):
+    """As `plan` takes it: the configuration the job would use on 8 GPUs of 79.25 GiB, from a machine with none."""
+    env, work = no_settings
+    env["SFT_MICRO_BATCH"] = "1"  # the cached 300 rows fill one step of 8 GPUs
+    result = entrypoint(env, work, "config", "--gpus", "8", "--gpu-memory", "79.25")
+    one_clear_line(result)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = json.loads(result.stdout)
+    assert shown["machine"] == {"gpus": 8, "gpu_memory_gib": 79.25, "described": True}
+    planned = json.loads(entrypoint(env, work, "plan", "--gpus", "8", "--gpu-memory", "79.25", "--json").stdout)
+    assert shown["decision"]["ranks"] == 8 and shown["decision"]["stage"] == planned["decision"]["stage"]
+    assert shown["decision"]["precision"] == "bf16" and shown["trainer"]["bf16"] is True
+    assert shown["deepspeed"]["bf16"]["enabled"] is True  # "auto" filled with the run's precision, not this host's
+    assert not (work / "output").exists()
+
+
+def test_config_on_a_machine_without_gpus_needs_both_numbers(no_settings):
+    env, work = no_settings
+    result = entrypoint(env, work, "config", "--gpus", "8")
+    one_clear_line(result)
+    assert result.returncode == 2 and "no GPU here: give --gpus N and --gpu-memory GIB" in result.stderr
 
 
 def test_plan_with_no_settings(no_settings):

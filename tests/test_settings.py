@@ -126,6 +126,24 @@ BAD = [
     ("SFT_MAX_COST", "5.5", "needs SFT_PRICE_PER_HOUR"),
     ("SFT_BUDGET_ACTION", "warn", "expected one of refuse, truncate"),
     ("SFT_HUB_REVISION", "run-2", "needs SFT_HUB_REPO"),
+    # issue 46: numbers the libraries cannot take, names the Hub refuses, folders the job must not write in
+    ("SFT_LEARNING_RATE", "inf", "expected a finite number"),
+    ("SFT_LEARNING_RATE", "nan", "expected a finite number"),
+    ("SFT_EPOCHS", "1e999", "expected a finite number"),
+    ("SFT_MICRO_BATCH", "9" * 400, "expected at most 2147483647"),
+    ("SFT_MAX_LENGTH", "99999999999999999999", "expected at most 2147483647"),
+    ("SFT_SEED", str(2**32), "expected at most 4294967295"),
+    ("SFT_UPLOAD_MINUTES", "1e12", "expected at most 1e+09"),
+    ("SFT_HUB_REPO", "you/qwen--sft", "Cannot have -- or .. in repo_id"),
+    ("SFT_HUB_REPO", "you/qwen.git", "expected a repo id such as"),
+    ("SFT_HUB_REPO", "you/" + "q" * 97, "the maximum length is 96"),
+    ("SFT_MODEL", "Qwen/café", "neither a local path nor a Hub name such as Qwen/Qwen3-8B (Repo id must use"),
+    ("SFT_OUTPUT_DIR", "/", "is the filesystem root"),
+    ("SFT_OUTPUT_DIR", "/etc/sft", "in the system's folders"),
+    ("SFT_OUTPUT_DIR", "/usr", "in the system's folders"),
+    ("SFT_OUTPUT_DIR", "/tmp", "a system folder"),
+    ("SFT_OUTPUT_DIR", "x" * 300, "a folder name of 300 bytes: Linux takes at most 255"),
+    ("SFT_EMPTY_ROWS", "keep", "expected one of error, drop"),
 ]
 
 

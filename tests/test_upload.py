@@ -129,6 +129,25 @@ def test_hub_down_at_start_is_its_own_exit_code(hub_server, monkeypatch):
     assert e.value.exit_code == exitcodes.HUB_UNREACHABLE and "start again later" in e.value.message
 
 
+def test_a_name_the_client_refuses_is_a_setting_not_an_outage(hub_server, monkeypatch):
+    """Issue 46: huggingface_hub's own check of the name (HFValidationError, no HTTP answer at all) was read as "the
+    Hub did not answer" and exit 10, which a scheduler retries for ever."""
+    sleeps = []
+    monkeypatch.setattr(hub_preflight.time, "sleep", sleeps.append)
+    with pytest.raises(HubError) as e:
+        preflight("alice/run--2", WRITE_TOKEN, endpoint=hub_server.url)
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS and "SFT_HUB_REPO" in e.value.message
+    assert "start again later" not in e.value.message and sleeps == []  # not retried
+
+
+def test_a_name_the_hub_refuses_to_create_is_a_setting(hub_server):
+    hub_server.add_fault("status", status=400, path="/api/repos/create", count=None)
+    with pytest.raises(HubError) as e:
+        preflight("alice/new-run", WRITE_TOKEN, endpoint=hub_server.url)
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS
+    assert "refused create_repo(alice/new-run) (BadRequestError" in e.value.message and "SFT_HUB_REPO" in e.value.message
+
+
 def test_fine_grained_tokens_read_from_whoami():
     me = {"name": "alice", "orgs": [{"name": "lab", "roleInOrg": "write"}],
           "auth": {"accessToken": {"role": "fineGrained", "fineGrained": {"scoped": [

@@ -5,6 +5,7 @@ whole list, on stderr."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -60,9 +61,20 @@ def prepared(s: Settings, facts: machine.Facts, ranks: Ranks, read_data: bool = 
         fail(str(e), e.exit_code)
 
 
-def config() -> None:
+def described(gpus: int | None, gpu_memory: float | None, here: tuple[GPU, ...]) -> tuple[GPU, ...] | None:
+    """The GPUs --gpus and --gpu-memory describe, each missing one taken from this machine's (None: neither given,
+    this machine's own); with no GPU here both are needed."""
+    if gpus is None and gpu_memory is None:
+        return None
+    if not here and (gpus is None or gpu_memory is None):
+        raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
+    count, memory = gpus or len(here), gpu_memory or here[0].memory_bytes / GIB
+    return (GPU(here[0].name if here else "GPU", int(memory * GIB)),) * count
+
+
+def config(gpus: int | None = None, gpu_memory: float | None = None, host_memory: float | None = None) -> None:
     """The resolved settings, every decision (the data's too), the Trainer's arguments and the DeepSpeed JSON it
-    will use."""
+    will use: on this machine, or on the one the options describe."""
     from transformers import AutoConfig
 
     from .dsfile import filled_ds_config
@@ -70,15 +82,26 @@ def config() -> None:
     from .runs import make_spec
 
     deepspeed_logs_to_stderr()  # before the checks, which read a DeepSpeed file with DeepSpeed
-    s, ranks = checked(inputs.CONFIG)
-    d = prepared(s, machine.measure(s.output_dir), ranks).decision
+    named = described(gpus, gpu_memory, machine.gpus())
+    s, ranks = checked(inputs.CONFIG, named)
+    facts = machine.measure(s.output_dir, found=named)
+    if host_memory is not None:
+        facts = replace(facts, machine=replace(facts.machine, host_memory_bytes=int(host_memory * GIB)))
+    d = prepared(s, facts, ranks).decision
     spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
-    args = spec.sft_config(in_rank=False)
+    # TrainingArguments refuse bf16 where this process sees no GPU: for a machine named here, they are made without
+    # it, and DeepSpeed's "auto" is filled with the run's precision
+    here = dataclasses.replace(spec, trainer={**spec.trainer, "bf16": False}) if named and not machine.gpus() else spec
+    args = here.sft_config(in_rank=False)
     # Steps are known only once the data is tokenised; the scheduler's "auto" steps show as max_steps.
     # DeepSpeed's train_batch_size counts data-parallel ranks: world / the GPUs that share each row
     filled = filled_ds_config(dict(d.ds_config), args, d.ranks.world // d.sequence_parallel,
-                              AutoConfig.from_pretrained(s.model), max(s.max_steps, 1))
-    click.echo(json.dumps({"settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
+                              AutoConfig.from_pretrained(s.model, trust_remote_code=s.trust_remote_code),
+                              max(s.max_steps, 1), {"bf16": spec.bf16})
+    shown = facts.machine
+    click.echo(json.dumps({"machine": {"gpus": len(shown.gpus), "gpu_memory_gib": round(shown.gpus[0].memory_bytes
+                                       / GIB, 2) if shown.gpus else None, "described": named is not None},
+                           "settings": s.to_dict(), "decision": d.resolved(), "reasons": dict(d.reasons),
                            "data": d.data.to_dict() if d.data else None, "ranks": d.ranks.world,
                            "trainer": spec.trainer, "deepspeed": filled}, indent=2, default=str))
 
@@ -119,9 +142,8 @@ def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnod
     found = facts.machine
     if not found.gpus and (gpus is None or gpu_memory is None):
         raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
-    if gpus or gpu_memory:
-        count, memory = gpus or len(found.gpus), gpu_memory or found.gpus[0].memory_bytes / GIB
-        found = replace(found, gpus=(GPU("GPU", int(memory * GIB)),) * count)
+    if (named := described(gpus, gpu_memory, found.gpus)) is not None:
+        found = replace(found, gpus=named)
     found = replace(found, nodes=nnodes, **({"host_memory_bytes": int(host_memory * GIB)} if host_memory else {}))
     s = replace(s, **{k: v for k, v in asked.items() if v is not None})
     ranks, problems = prepare.ranks(s, found)

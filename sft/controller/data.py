@@ -8,16 +8,19 @@ What it found, the DataFacts, is what the decision's data rules read (planner/da
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..data import DataError, checks, shapes
+from ..data.empty import WHAT
 from ..settings.entries import looks_local, parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
 from ..planner import rules
 from ..planner.inputs import CannotRun, DataFacts, Ranks
 from ..settings import Settings
-from . import revisions
+from . import revisions, template
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -36,6 +39,7 @@ class Found:
     tokenizer: object = None
     loss_on: str = "all"
     long_rows: LongRows | None = None  # the training rows longer than SFT_MAX_LENGTH (SFT_LONG_ROWS)
+    empty_dropped: int = 0  # SFT_EMPTY_ROWS=drop: the training sources' rows that taught nothing, left out
 
 
 def read(s: Settings, ranks: Ranks) -> Found:
@@ -59,14 +63,35 @@ def read(s: Settings, ranks: Ranks) -> Found:
     except CannotRun as e:
         problems.append(str(e))
         loss = s.loss_on  # the rows are still checked for what the user asked
-    problems += _row_problems(train, loaded, shape, loss, "SFT_DATASET")
+    problems += _row_problems(train, loaded, shape, loss, "SFT_DATASET", s.empty_rows)
     evaluation = _eval_sources(s, facts, shape, loss, problems)
+    problems += template.problems(s, tok)
     if problems:
         raise DataError(problems)
+    loaded, dropped = _without_empty(s, train, loaded, "SFT_DATASET")
+    if evaluation is not None:
+        evaluation = (evaluation[0], _without_empty(s, *evaluation, "SFT_EVAL_DATASET")[0])
     found = _assemble(s, facts, loaded, shape, evaluation)
-    found.tokenizer, found.loss_on = tok, loss
-    found.notes += _token_checks(s, ranks, found)
+    found.tokenizer, found.loss_on, found.empty_dropped = tok, loss, dropped
+    if dropped:
+        found.notes.append(f"data: SFT_DATASET: {dropped:,} row(s) teach nothing ({WHAT}) and are left out "
+                           "(SFT_EMPTY_ROWS=drop)")
+    found.notes += template.guarded(lambda: _token_checks(s, ranks, found), s, found)
     return found
+
+
+def _without_empty(s: Settings, sources: list[DataSource], loaded: list, var: str) -> tuple[list, int]:
+    """SFT_EMPTY_ROWS=drop: each source without its rows that teach nothing (as every rank loads it: sources.load_all),
+    and how many were left out; a source left with none is a problem."""
+    from ..data.empty import without
+
+    if s.empty_rows != "drop":
+        return loaded, 0
+    kept = [without(d) for d in loaded]
+    if none := [src.path for src, (d, gone) in zip(sources, kept, strict=True) if gone and len(d) == 0]:
+        raise DataError([f"{var}: {path}: every row teaches nothing ({WHAT}), so SFT_EMPTY_ROWS=drop leaves none: "
+                         "fill them, or remove the source" for path in none])
+    return [d for d, _ in kept], sum(gone for _, gone in kept)
 
 
 def _source(s: Settings, entry) -> DataSource:
@@ -86,6 +111,10 @@ def _sources(sources: list[DataSource], var: str, problems: list[str]) -> tuple[
             if not looks_local(src.path):
                 src = dataclasses.replace(src, revision=revisions.resolve(src.path, "dataset", src.revision))
             resolved.append(src)
+            if bad := _not_utf8(src):
+                problems.extend(f"{var}: {line}" for line in bad)
+                loaded.append(None)
+                continue
             loaded.append(load(src, var))
         except revisions.RevisionError as e:
             problems.append(f"{var}: {e}")
@@ -97,13 +126,32 @@ def _sources(sources: list[DataSource], var: str, problems: list[str]) -> tuple[
     return resolved, loaded
 
 
+def _not_utf8(src: DataSource) -> list[str]:
+    """What a local source's files must not be when datasets reads them (data/files.py: not UTF-8, a first row that
+    crashes pyarrow): said here, once, before it reads them."""
+    from ..data.files import before_reading
+    from ..settings.entries import DATA_SUFFIXES, Entry
+
+    kind, path = Entry(src.path).kind, Path(os.path.expanduser(src.path))
+    if kind == "file":
+        return before_reading([path])
+    if kind == "folder":
+        return before_reading(sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()))
+    return []
+
+
 def _one_shape(loaded: list, sources: list[DataSource], var: str, problems: list[str]) -> shapes.Shape | None:
     """The one shape of the sources that loaded (None: none has one; the problems say why)."""
     found = {}
     for source, dataset in zip(sources, loaded, strict=True):
         if dataset is None:
             continue
-        shape = shapes.shape_of(dataset)
+        try:
+            shape = shapes.shape_of(dataset)
+        except UnicodeDecodeError as e:  # a Hub dataset's file that is not UTF-8 (local files are checked before)
+            problems.append(f"{var}: {source.path}: its text is not UTF-8 ({e.reason} at byte {e.start}): save its "
+                            "files as UTF-8")
+            continue
         if shape is None:
             problems.append(f"{var}: {source.path}: {shapes.why_not(dataset)}")
         else:
@@ -112,12 +160,13 @@ def _one_shape(loaded: list, sources: list[DataSource], var: str, problems: list
     return next(iter(found.values()), None)
 
 
-def _row_problems(sources: list[DataSource], loaded: list, shape: shapes.Shape, loss: str, var: str) -> list[str]:
+def _row_problems(sources: list[DataSource], loaded: list, shape: shapes.Shape, loss: str, var: str,
+                  empty_rows: str = "error") -> list[str]:
     """The rows' problems, in each source that loaded with the shape (the others' problem is said already)."""
     found = []
     for source, dataset in zip(sources, loaded, strict=True):
         if dataset is not None and shapes.shape_of(dataset) == shape:
-            found += checks.row_problems(dataset, shape, f"{var}: {source.path}", loss)
+            found += checks.row_problems(dataset, shape, f"{var}: {source.path}", loss, empty_rows)
     return found
 
 
@@ -127,7 +176,7 @@ def _tokenizer(s: Settings, shape: shapes.Shape | None, problems: list[str]):
     from .inputs import model_revision
 
     try:
-        tok = tokenizer(s.model, model_revision(s), s.chat_template)
+        tok = tokenizer(s.model, model_revision(s), s.chat_template, s.trust_remote_code)
     except Exception as e:  # not found, offline and not cached, a template model without a tokenizer
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         problems.append(f"SFT_MODEL={s.model!r}: cannot load its tokenizer ({why}): check the name or path, the "
@@ -157,7 +206,7 @@ def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str,
     if eval_shape is not None and eval_shape != shape:
         problems.append(f"{var}: the evaluation data is {eval_shape.name} and the training data {shape.name}: "
                         "evaluate on data of the training's shape")
-    problems += _row_problems(sources, loaded, shape, loss, var)
+    problems += _row_problems(sources, loaded, shape, loss, var, s.empty_rows)
     return sources, loaded
 
 
@@ -219,6 +268,10 @@ def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str
     from ..data import longrows
 
     lengths = longrows.measure(found.train, labeller)
+    if none := [i for i, n in enumerate(lengths) if n == 0]:  # packed, they fail in pyarrow, far from the cause
+        raise DataError([f"{template.owner(s)}: its chat template renders {checks.rows_named(none)} of the training "
+                         "rows as no token at all, which teaches nothing: fix the template (does it loop over "
+                         "messages?), or remove the rows"])
     found.long_rows = longrows.count(lengths, s.max_length, s.long_rows)
     if (problem := found.long_rows.problem(s.packing)) is not None:
         return [problem], [], lengths
@@ -243,4 +296,4 @@ def summary(found: Found | None, plan) -> dict | None:
         return None
     long_rows = {"long_rows": found.long_rows.to_dict()} if found.long_rows is not None else {}
     return {"shape": found.facts.shape, "train_rows": len(found.train), "eval_rows": found.facts.eval_rows,
-            **long_rows, **{k: v for k, v in plan.to_dict().items() if k != "dropped"}}
+            **long_rows, **({"empty_rows_dropped": found.empty_dropped} if found.empty_dropped else {}), **{k: v for k, v in plan.to_dict().items() if k != "dropped"}}

@@ -90,11 +90,12 @@ def _quiet() -> Iterator[None]:
 
 
 def filled_ds_config(config: dict[str, Any], args: Any, world_size: int, model_config: Any,
-                     total_steps: int) -> dict[str, Any]:
+                     total_steps: int, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The config with every "auto" filled as the Trainer fills it, by transformers' own code.
 
     `args` is the run's SFTConfig made without a DeepSpeed config (so no process group starts here);
-    its world size is this process's, so the run's is given.
+    its world size is this process's, so the run's is given, and `overrides` the arguments the run has that
+    this process could not make (bf16 where it sees no GPU).
     """
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
@@ -103,7 +104,7 @@ def filled_ds_config(config: dict[str, Any], args: Any, world_size: int, model_c
             self.world_size = world_size
 
         def __getattr__(self, name):
-            return getattr(args, name)
+            return (overrides or {}).get(name, getattr(args, name))
 
     hf = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
     hf.trainer_config_process(_RunArgs())

@@ -7,8 +7,11 @@ saving with save_pretrained gives a normal model folder that from_pretrained loa
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+
+from ..settings.fields import TRUE
 
 # The Trainer saves these beside the shards; copied so the export is a complete model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -30,9 +33,14 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
         raise NotACheckpoint(f"{checkpoint} is not a checkpoint of this job (no {' or '.join(missing)}): give an "
                              "OUTPUT/checkpoint-N folder the Trainer and DeepSpeed wrote")
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
-    config = AutoConfig.from_pretrained(checkpoint)
+    trust = os.environ.get("SFT_TRUST_REMOTE_CODE", "").strip().lower() in TRUE  # as the run that wrote it
+    try:
+        config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=trust)
+    except ValueError as e:  # the model's own code, not trusted: refused, never asked about
+        raise NotACheckpoint(f"{checkpoint}: its model needs its own code ({str(e).splitlines()[0]}): set "
+                             "SFT_TRUST_REMOTE_CODE=true, as the run had it, to run it") from None
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     untied = [k for k in missing if model.get_parameter(k).is_meta]

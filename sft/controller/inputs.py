@@ -17,7 +17,7 @@ from .. import checkpoints, exitcodes, nodes
 from ..settings.entries import looks_local
 from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine, Ranks
 from ..planner.shape import ModelShape
-from ..settings import REPO_ID, Settings
+from ..settings import Settings, is_hub_name
 from . import revisions
 
 Finder = Callable[[Settings], list[str]]
@@ -33,8 +33,9 @@ def read(s: Settings, machine: Machine, ranks: Ranks, resume: Path | None = None
         revision = model_revision(s)
     except revisions.RevisionError as e:
         raise CannotRun(f"SFT_MODEL: {e}", exitcodes.BAD_SETTINGS) from None
-    return Inputs(settings=s, machine=machine, shape=shape_of(s.model, revision), ranks=ranks, record=record,
-                  user_config=s.user_ds_config, data=data, model_revision=revision)
+    return Inputs(settings=s, machine=machine, shape=shape_of(s.model, revision, s.trust_remote_code), ranks=ranks,
+                  record=record, user_config=s.user_ds_config, data=data, model_revision=revision,
+                  remote_code=tuple(c.text() for c in _remote_code(s.model, revision)))
 
 
 def model_revision(s: Settings) -> str | None:
@@ -47,24 +48,28 @@ def _commit(model: str, revision: str | None) -> str | None:
     return revisions.resolve(model, "model", revision)
 
 
-def shape_of(model: str, revision: str | None = None) -> ModelShape:
+def shape_of(model: str, revision: str | None = None, trust: bool = False) -> ModelShape:
     """The model's shape from its config.json, or a one-line reason it cannot be read."""
     try:
-        return model_shape(model, revision)
-    except (OSError, ValueError) as e:  # not found, offline and not cached, or not a model config
+        return model_shape(model, revision, trust)
+    except Exception as e:  # noqa: BLE001 - not found, offline and not cached, not a model config, or the model's
+        # own code (with SFT_TRUST_REMOTE_CODE) failing: one line naming it, not the library's traceback
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        hint = ("; set SFT_TRUST_REMOTE_CODE=true only after reading its code" if "trust_remote_code" in str(e)
+                else "")
         raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): check the name or path, "
-                        "the network, and HF_HUB_OFFLINE", exitcodes.BAD_SETTINGS) from None
+                        f"the network, and HF_HUB_OFFLINE{hint}", exitcodes.BAD_SETTINGS) from None
 
 
-def model_shape(model: str, revision: str | None = None) -> ModelShape:
-    """Read a model's config.json (folder or Hub name) and count its parameters on the meta device."""
+def model_shape(model: str, revision: str | None = None, trust: bool = False) -> ModelShape:
+    """Read a model's config.json (folder or Hub name) and count its parameters on the meta device. `trust`:
+    SFT_TRUST_REMOTE_CODE (False: transformers refuses a model's own code instead of asking; remotecode.py)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.from_pretrained(model, revision=revision)
+    cfg = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust)
     with torch.device("meta"):  # shapes only: no memory, no weights downloaded
-        net = AutoModelForCausalLM.from_config(cfg)
+        net = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
     named = list(net.named_parameters())  # tied weights appear once
     text = cfg.get_text_config()
     heads = text.num_attention_heads
@@ -107,12 +112,33 @@ def ds_file(s: Settings) -> list[str]:
     return [f"SFT_DS_CONFIG={s.ds_config!r}: {why}" for why in refused(config, s.micro_batch or 1)]
 
 
+def model_code(s: Settings) -> list[str]:
+    """A model that needs its own code to load is refused unless SFT_TRUST_REMOTE_CODE says to run it."""
+    from . import remotecode
+
+    if _local_folder(s.model) is None and (looks_local(s.model) or not is_hub_name(s.model)):
+        return []
+    why = remotecode.problem("SFT_MODEL", s.model, _remote_code(s.model), s.trust_remote_code)
+    return [why] if why else []
+
+
+def _remote_code(model: str, revision: str | None = None) -> list:
+    from . import remotecode
+
+    try:
+        return remotecode.found(model, revision)
+    except Exception:  # noqa: BLE001 - config.json unreadable: model_config names why
+        return []
+
+
 def model_config(s: Settings) -> list[str]:
     """The model's config.json can be read (a folder's, or the Hub's or its cache's for a name)."""
-    if _local_folder(s.model) is None and (looks_local(s.model) or not REPO_ID.match(s.model)):
+    if _local_folder(s.model) is None and (looks_local(s.model) or not is_hub_name(s.model)):
         return []  # the settings named the missing folder, or a name the Hub cannot have
+    if model_code(s):
+        return []  # named there: nothing of the model is loaded without its consent
     try:
-        shape_of(s.model)
+        shape_of(s.model, trust=s.trust_remote_code)
     except CannotRun as e:
         return [str(e)]
     return []
@@ -125,8 +151,10 @@ def model_tokenizer(s: Settings) -> list[str]:
     if folder is None:
         return []
     whole = folder / "tokenizer.json"
+    if model_code(s):
+        return []  # named there
     try:
-        tokenizer = _tokenizer(folder)
+        tokenizer = _tokenizer(folder, s.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any failure to load is the problem to report
         held = ", ".join(sorted(p.name for p in folder.iterdir()))
         why = (f"its tokenizer cannot be loaded ({_first_line(e)})" if whole.is_file() else
@@ -145,9 +173,9 @@ def model_tokenizer(s: Settings) -> list[str]:
 def model_chat_template(s: Settings) -> list[str]:
     """Conversations are rendered with the model's chat template: a folder without one fails in every rank."""
     folder = _local_folder(s.model)
-    if folder is None or model_tokenizer(s):
+    if folder is None or model_code(s) or model_tokenizer(s):
         return []
-    if _tokenizer(folder).chat_template:
+    if _tokenizer(folder, s.trust_remote_code).chat_template:
         return []
     return [f"SFT_MODEL={s.model!r}: no chat template (chat_template.jinja, or chat_template in "
             "tokenizer_config.json), which conversations are rendered with: copy it from the model it came from"]
@@ -204,7 +232,7 @@ def trainer_args(s: Settings) -> list[str]:
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
 ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
-CONFIG: tuple[Finder, ...] = (*DECIDING, model_config, model_tokenizer, model_chat_template)
+CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_tokenizer, model_chat_template)
 JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
 
 
@@ -213,20 +241,20 @@ def _local_folder(model: str) -> Path | None:
     if not looks_local(model):
         return None
     path = Path(os.path.expanduser(model))
-    return path if (path / "config.json").is_file() else None
+    return path if os.path.isfile(path / "config.json") else None  # os.path: no raise on a name too long
 
 
-def _tokenizer(folder: Path):
+def _tokenizer(folder: Path, trust: bool = False):
     """The folder's tokenizer as AutoTokenizer loads it, loaded once while the folder's files stay the same."""
     stamp = tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir() if p.is_file()))
-    return _load_tokenizer(folder, stamp)
+    return _load_tokenizer(folder, stamp, trust)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_tokenizer(folder: Path, stamp: tuple):
+def _load_tokenizer(folder: Path, stamp: tuple, trust: bool):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
 
 
 def _first_line(e: BaseException) -> str:

@@ -48,9 +48,10 @@ def command(s: Settings, ranks: Ranks, nodes: Nodes, port: int, module: str, *ar
 
 def spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     """The launcher, in its own session (signals reach the controller first) and dying with the controller
-    (through the shim at the end of this file): a killed controller leaves no orphaned ranks."""
+    (through the shim at the end of this file): a killed controller leaves no orphaned ranks. Its stdin is
+    /dev/null: no library in a rank can ask a question there (transformers' "run the custom code? [y/N]")."""
     guarded = [sys.executable, "-m", __name__, str(os.getpid()), *cmd]
-    return subprocess.Popen(guarded, cwd=REPO_ROOT, env=env, start_new_session=True)
+    return subprocess.Popen(guarded, cwd=REPO_ROOT, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 def compile_cache(s: Settings) -> Path:

@@ -62,7 +62,7 @@ def ranks(s: Settings, machine: Machine) -> tuple[Ranks | None, list[str]]:
     if s.sequence_parallel in ("auto", 1):
         return chosen, []
     try:
-        shape = inputs.shape_of(s.model)
+        shape = inputs.shape_of(s.model, trust=s.trust_remote_code)
     except CannotRun:
         return chosen, []  # the model_config finder names it
     try:

@@ -3,18 +3,16 @@ uploader and the time limit's watch running meanwhile; then how it ended (job.py
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoints, exitcodes
+from .. import exitcodes
 from ..console import say
 from ..events import StopRequested, TrainStarted
-from ..planner import disk
 from ..planner.decision import Decision
-from . import budget, figures, reshard, summary, timekeeper, uploads
+from . import budget, failure, figures, reshard, summary, timekeeper, uploads
 from .runs import Held, Runner
 
 
@@ -64,7 +62,8 @@ def train(job: Runner, parts: summary.Parts, target, held: Held | None, resume: 
     parts.phases.done("train")
     if d.reshard is not None:
         reshard.tidy(job.paths)
-    return Ending(*ended(job, parts, code, result), uploader=uploader, clock=clock)
+    planned = budget.sizes(d, job.total_params, s.extra_trainer_args)[0] if job.total_params else None
+    return Ending(*ended(job, parts, code, result, planned), uploader=uploader, clock=clock)
 
 
 def watch(job: Runner, parts: summary.Parts, d: Decision) -> timekeeper.TimeKeeper | None:
@@ -75,8 +74,10 @@ def watch(job: Runner, parts: summary.Parts, d: Decision) -> timekeeper.TimeKeep
     return timekeeper.TimeKeeper(parts.time_limit, job.paths.run, job.stopper, checkpoint, final, uploads=job.uploads)
 
 
-def ended(job: Runner, parts: summary.Parts, code: int, result: summary.TrainResult) -> tuple[int, str]:
-    """How the training ended, as an exit code and a status (the probe's prediction checked against it)."""
+def ended(job: Runner, parts: summary.Parts, code: int, result: summary.TrainResult,
+          checkpoint_bytes: int | None = None) -> tuple[int, str]:
+    """How the training ended, as an exit code and a status (the probe's prediction checked against it);
+    checkpoint_bytes: a checkpoint's planned size, to tell a full disk by where none was saved yet."""
     probed = (parts.probe.figures if parts.probe else None) or {}
     if (check := figures.against_run(probed, result.to_dict())) is not None:
         parts.probe_check = check
@@ -90,24 +91,9 @@ def ended(job: Runner, parts: summary.Parts, code: int, result: summary.TrainRes
     if stopper.requested or result.status == "stopped":
         return exitcodes.STOPPED, "stopped"
     if code != 0 or result.status != "done":
-        failed_save(job.paths.out)
-        why = f": {result.error}" if result.error else ""
+        failure.after(job.paths.out, checkpoint_bytes, result.error)
+        why = f": {result.error}" if result.error else failure.no_report(code) if result.status is None else ""
         say(f"error: training failed (launcher exit code {code}{why}); complete checkpoints are kept and a new start "
             "resumes from the newest")
         return exitcodes.TRAIN_FAILED, "failed"
     return exitcodes.DONE, "done"
-
-
-def failed_save(out: Path) -> None:
-    """After a failed training: say so when the disk is full, and remove the checkpoints the failure tore (a resume
-    never trusts them; gone, they give the summary room)."""
-    newest = checkpoints.latest_complete(out)
-    size, free = (checkpoints.folder_bytes(newest) if newest else None), checkpoints.free_disk(str(out))
-    if disk.full_after_failure(free, size):
-        say(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free, less than one checkpoint: {size / 1e9:.3g} "
-            "GB), so the save failed: free space or mount a larger volume")
-    for torn in checkpoints.torn(out):
-        shutil.rmtree(torn, ignore_errors=True)
-        say(f"removed {torn.name}: the failure left it incomplete; a new start resumes from "
-            f"{newest.name if newest else 'the beginning'}")
-

@@ -30,10 +30,17 @@ def rows_named(rows: list[int]) -> str:
     return f"row{'s' if len(rows) > 1 else ''} {shown}{more}"
 
 
-def row_problems(dataset: Dataset, shape: Shape, label: str, loss_on: str) -> list[str]:
-    """What is wrong in the rows of one source of this shape."""
+def row_problems(dataset: Dataset, shape: Shape, label: str, loss_on: str, empty_rows: str = "error") -> list[str]:
+    """What is wrong in the rows of one source of this shape (with SFT_EMPTY_ROWS=error, the rows that teach
+    nothing too: empty.py)."""
+    from . import empty
+
     table = dataset.with_format("arrow")[:]
     found = []
+    if empty_rows == "error" and (silent := empty.positions(dataset, shape)):
+        found.append(f"{label}: {len(silent)} row(s) teach nothing ({empty.WHAT}: {rows_named(silent)}): such a row "
+                     "teaches the model to answer nothing: fill or remove them, or set SFT_EMPTY_ROWS=drop to leave "
+                     "them out")
     for column in shape.columns:
         if column in shape.message_columns:
             learned = loss_on == "assistant" and column != "prompt"
@@ -69,6 +76,8 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
     flat, parents = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy()
     roles = pa.array([_role(m, shape.role_key) for m in flat.storage.to_pylist()], pa.string()) if as_json \
         else pc.struct_field(flat, shape.role_key)
+    for alias, role in shape.aliases:  # ShareGPT's human and gpt: what sources.combine gives the template
+        roles = pc.if_else(pc.fill_null(pc.equal(roles, alias), False), pa.scalar(role), roles)
     bad = pc.invert(pc.fill_null(pc.is_in(roles, value_set=pa.array(ROLES)), False)).to_numpy(zero_copy_only=False)
     if bad.any():
         seen = pc.unique(pc.filter(roles, pa.array(bad))).to_pylist()

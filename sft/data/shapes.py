@@ -21,6 +21,13 @@ class Shape:
     conversational: bool
     prompt_completion: bool
     role_key: str = "role"  # ShareGPT's from/value rows name the role 'from'
+    content_key: str = "content"  # and the content 'value'
+    aliases: tuple[tuple[str, str], ...] = ()  # role names of the shape's own, and TRL's role each stands for
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """A role as written -> the role the chat template is given (ShareGPT's human -> user, gpt -> assistant)."""
+        return dict(self.aliases)
 
     @property
     def message_columns(self) -> tuple[str, ...]:
@@ -29,7 +36,11 @@ class Shape:
 
 
 MESSAGES = Shape("conversational language modeling", ("messages",), True, False)
-SHAREGPT = Shape("conversational language modeling (ShareGPT from/value)", ("conversations",), True, False, "from")
+# ShareGPT's roles, as FastChat and LLaMA-Factory read them: TRL renames from/value to role/content but keeps the
+# names, which no chat template knows (Qwen3's renders a 'gpt' turn as nothing at all): mapped here, before TRL
+SHAREGPT_ROLES = (("human", "user"), ("gpt", "assistant"))
+SHAREGPT = Shape("conversational language modeling (ShareGPT from/value)", ("conversations",), True, False, "from",
+                 "value", SHAREGPT_ROLES)
 CONVERSATIONAL_PC = Shape("conversational prompt-completion", ("prompt", "completion"), True, True)
 STANDARD_PC = Shape("standard prompt-completion", ("prompt", "completion"), False, True)
 TEXT = Shape("standard language modeling", ("text",), False, False)

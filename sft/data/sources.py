@@ -13,11 +13,13 @@ in the same order, so a resume continues the same epoch (the Trainer shuffles wi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..handoff import DataPlan, DataSource
 from . import files
+from .shapes import SHAREGPT, Shape
 from ..settings.entries import DATA_SUFFIXES, LOADERS, Entry
 from . import DataError
 
@@ -33,24 +35,28 @@ def build(plan: DataPlan) -> tuple[Dataset, Dataset | None]:
 
     from .longrows import without
 
-    loaded = load_all(plan.train, "SFT_DATASET")
+    loaded = load_all(plan.train, "SFT_DATASET", plan.drop_empty)
     train = combine(loaded, plan.train, shape_of(loaded[0]).columns, plan.seed)
     if plan.eval_fraction > 0:
         kept, held = hold_out(train, plan.eval_fraction, plan.seed)
         return without(kept, plan.dropped), held
     if plan.eval:
-        evaluation = load_all(plan.eval, "SFT_EVAL_DATASET")
+        evaluation = load_all(plan.eval, "SFT_EVAL_DATASET", plan.drop_empty)
         return without(train, plan.dropped), combine(evaluation, plan.eval, shape_of(evaluation[0]).columns,
                                                      plan.seed)
     return without(train, plan.dropped), None
 
 
-def load_all(sources: list[DataSource], var: str) -> list[Dataset]:
-    """Every source loaded; raises DataError with every source's problem."""
+def load_all(sources: list[DataSource], var: str, drop_empty: bool = False) -> list[Dataset]:
+    """Every source loaded (without its rows that teach nothing, with drop_empty: empty.py); raises DataError with
+    every source's problem."""
+    from .empty import without
+
     loaded, problems = [], []
     for source in sources:
         try:
-            loaded.append(load(source, var))
+            dataset = load(source, var)
+            loaded.append(without(dataset)[0] if drop_empty else dataset)
         except DataError as e:
             problems += e.problems
     if problems:
@@ -69,7 +75,7 @@ def load(source: DataSource, var: str = "SFT_DATASET") -> Dataset:
             return _saved(source, label)
         if kind == "hub":
             return datasets.load_dataset(source.path, source.config, split=source.split, revision=source.revision)
-        path = Path(source.path).expanduser()
+        path = Path(os.path.expanduser(source.path))
         if kind == "file":
             return datasets.load_dataset(LOADERS[path.suffix], data_files=str(path), split=source.split)
         if unread := _unread(path):
@@ -98,7 +104,7 @@ def _unread(folder: Path) -> list[Path]:
 def _saved(source: DataSource, label: str) -> Dataset:
     from datasets import DatasetDict, load_from_disk
 
-    found = load_from_disk(str(Path(source.path).expanduser()))
+    found = load_from_disk(str(Path(os.path.expanduser(source.path))))
     if not isinstance(found, DatasetDict):
         if source.split != "train":
             raise DataError([f"{label}: a save_to_disk Dataset is one split, not {source.split!r}; save a "
@@ -115,7 +121,7 @@ def _why(error: Exception, source: DataSource, kind: str, label: str, var: str) 
         one_file = " (a single file is the one split 'train')" if kind == "file" else ""
         return [f"{label}: no split {source.split!r}{one_file}: {text.splitlines()[0]}"]
     if kind in ("file", "folder"):
-        path = Path(source.path).expanduser()
+        path = Path(os.path.expanduser(source.path))
         paths = [path] if kind == "file" else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
         if found := files.diagnose(paths):
             return [f"{var}: {line}" for line in found]
@@ -135,6 +141,8 @@ def combine(loaded: list[Dataset], sources: list[DataSource], columns: tuple[str
     parts = []
     for index, (dataset, source) in enumerate(zip(loaded, sources, strict=True)):
         dataset = dataset.select_columns([*columns, *extras])
+        if columns == SHAREGPT.columns:
+            dataset = with_roles(dataset, SHAREGPT)
         parts.append(draw(dataset, wanted_rows(source, len(dataset)), seed, index))
     if len(parts) == 1:
         return parts[0]
@@ -142,6 +150,18 @@ def combine(loaded: list[Dataset], sources: list[DataSource], columns: tuple[str
     # JSON, Parquet and CSV can type the same column differently (string or large string, say)
     parts = [p if p.features == first else p.cast(first) for p in parts]
     return concatenate_datasets(parts)
+
+
+def with_roles(dataset: Dataset, shape: Shape) -> Dataset:
+    """The shape's own role names given as the chat template knows them (ShareGPT's human -> user, gpt ->
+    assistant: shapes.SHAREGPT_ROLES), the rest of each message as it was; held in memory, nothing written."""
+    names, key = shape.roles, shape.role_key
+
+    def renamed(batch: dict) -> dict:
+        return {column: [[{**m, key: names.get(m.get(key), m.get(key))} if isinstance(m, dict) else m for m in rows]
+                         if rows is not None else rows for rows in batch[column]] for column in shape.message_columns}
+
+    return dataset.map(renamed, batched=True, keep_in_memory=True, desc="ShareGPT's roles")
 
 
 def wanted_rows(source: DataSource, available: int) -> int:

@@ -35,11 +35,12 @@ def processes(rows: int) -> int:
     return max(1, min(MAX_PROCESSES, -(-rows // ROWS_PER_PROCESS)))
 
 
-def tokenizer(model: str, revision: str | None, chat_template: str | None):
-    """The model's tokenizer, with SFT_CHAT_TEMPLATE applied as SFTTrainer applies chat_template_path."""
+def tokenizer(model: str, revision: str | None, chat_template: str | None, trust: bool = False):
+    """The model's tokenizer, with SFT_CHAT_TEMPLATE applied as SFTTrainer applies chat_template_path. `trust`:
+    SFT_TRUST_REMOTE_CODE (False: a tokenizer of the model's own code is refused, never asked about)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model, revision=revision)
+    tok = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust)
     if chat_template is None:
         return tok
     if chat_template.endswith((".jinja", ".j2")):  # SFTTrainer.__init__: a template file is read as it is
@@ -48,7 +49,7 @@ def tokenizer(model: str, revision: str | None, chat_template: str | None):
         return tok
     # trl.chat_template_utils.clone_chat_template, the tokenizer's part (the Trainer also resizes the model's
     # embeddings for the added tokens, which the tokens' ids do not depend on)
-    source = AutoTokenizer.from_pretrained(chat_template)
+    source = AutoTokenizer.from_pretrained(chat_template, trust_remote_code=trust)
     tok.chat_template = source.get_chat_template()
     tok.add_tokens([t for t in source.added_tokens_decoder.values() if t.content not in tok.vocab])
     tok.eos_token = source.eos_token

@@ -59,9 +59,22 @@ def slow_steps() -> list:
     return [SlowSteps()]
 
 
+def read_only(step: int) -> None:
+    """SFTTEST_READ_ONLY=STEP:FOLDER: at that step, before its checkpoint, FOLDER turns read-only, as a storage fault
+    or an operator does it mid-run: a read-only bind mount of it over itself (a remount of the whole filesystem is
+    refused while the job holds its lock file open for writing; every path opened from now on is refused)."""
+    at, _, folder = os.environ.get("SFTTEST_READ_ONLY", "").partition(":")
+    if folder and int(at) == step:
+        import subprocess
+
+        subprocess.run(["mount", "--bind", folder, folder], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)
+
+
 def full_disk() -> list:
-    """SFTTEST_FILL_DISK (fill_disk): a callback after the rank's own, so it sees the save they asked for."""
-    if not os.environ.get("SFTTEST_FILL_DISK"):
+    """SFTTEST_FILL_DISK (fill_disk) and SFTTEST_READ_ONLY (read_only): a callback after the rank's own, so it sees
+    the save they asked for."""
+    if not (os.environ.get("SFTTEST_FILL_DISK") or os.environ.get("SFTTEST_READ_ONLY")):
         return []
     from transformers import TrainerCallback
 
@@ -69,6 +82,7 @@ def full_disk() -> list:
         def on_step_end(self, args, state, control, **kwargs):
             if control.should_save and state.is_world_process_zero:
                 fill_disk(state.global_step)
+                read_only(state.global_step)
 
     return [FillDisk()]
 

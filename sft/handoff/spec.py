@@ -75,6 +75,7 @@ class DataPlan(Record):
     loss_on: str = "all"  # all, assistant, completion
     seed: int = 42  # draws the mixture and the held-out rows
     dropped: list[int] = field(default_factory=list)  # SFT_LONG_ROWS=drop: training rows left out, by position
+    drop_empty: bool = False  # SFT_EMPTY_ROWS=drop: each source's rows that teach nothing left out (data/empty.py)
     processes: int = 1  # processes that tokenise and pack the rows (TRL's dataset_num_proc; data/tokens.py)
 
     @property
@@ -158,6 +159,10 @@ class RunSpec(Record):
     @property
     def model_revision(self) -> str | None:
         return self.trainer["model_init_kwargs"]["revision"]
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return bool(self.trainer.get("trust_remote_code"))
 
 
 def parallelism(asked: dict[str, Any] | None):

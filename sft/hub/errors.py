@@ -37,6 +37,8 @@ def retry_after(e: BaseException) -> float | None:
 def transient(e: BaseException | None) -> bool:
     """A failure a later try may not meet: no answer, 408, 429, 5xx; not a refusal nor a bad request."""
     seen = 0
+    if isinstance(e, (ValueError, TypeError)) and http_status(e) is None:
+        return False  # an argument the client itself refused (huggingface_hub's HFValidationError): no answer changes
     while e is not None and seen < 10:  # huggingface_hub wraps LFS failures: the HTTP error is a cause
         status = http_status(e)
         if status is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from ..settings import REPO_ID
+from ..settings import is_hub_name
 from ..settings.entries import looks_local
 
 FRAMEWORKS = ("torch", "deepspeed", "transformers", "trl", "accelerate", "datasets", "huggingface_hub")
@@ -16,7 +16,7 @@ FRAMEWORKS = ("torch", "deepspeed", "transformers", "trl", "accelerate", "datase
 
 def hub_name(value: Any) -> str | None:
     """`value` if it names a Hub repo (the card's metadata may only link those), else None."""
-    ok = isinstance(value, str) and "/" in value and not looks_local(value) and REPO_ID.match(value)
+    ok = isinstance(value, str) and "/" in value and not looks_local(value) and is_hub_name(value)
     return value if ok else None
 
 
@@ -72,6 +72,9 @@ def _data_lines(summary: dict[str, Any]) -> str:
     """The data, the tokens learned and the evaluation, as the summary recorded them (commits included)."""
     data, ev = summary.get("data") or {}, summary.get("eval") or {}
     lines = []
+    if (summary.get("settings") or {}).get("trust_remote_code"):  # consent given on purpose: said where users read
+        why = (summary.get("decisions") or {}).get("remote_code", "SFT_TRUST_REMOTE_CODE=true")
+        lines.append(f"- remote code: {why}; loading this model needs `trust_remote_code=True` as well")
     if summary.get("model_revision"):
         lines.append(f"- base model commit: `{summary['model_revision']}`")
     if data:

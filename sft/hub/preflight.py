@@ -71,12 +71,29 @@ def _preflight_call(api, what: str, fn: Callable, *args, **kwargs):
                 raise HubError(f"HF_TOKEN was refused by the Hub at {api.endpoint} (401 on {what}: invalid, "
                                "expired or revoked): make a new token with write access", exitcodes.HUB_AUTH) from None
             if not transient(e):
-                raise
+                raise _refused(api, what, e)
             if attempt == PREFLIGHT_TRIES:
                 raise HubError(f"the Hub at {api.endpoint} did not answer {what} after {attempt} tries "
                                f"({redact(short_error(e), api.token)}): start again later",
                                exitcodes.HUB_UNREACHABLE) from None
             time.sleep(retry_after(e) or attempt)
+
+
+def _refused(api, what: str, e: Exception) -> Exception:
+    """A call that no later try can change: a name the Hub (or huggingface_hub's own check of the arguments, an
+    HFValidationError) refuses is a setting to fix, exit 2, never "start again later"; anything else goes to the
+    caller as it came (a repo not found is the caller's to handle)."""
+    from huggingface_hub.errors import HFValidationError
+
+    status = http_status(e)
+    if isinstance(e, HFValidationError) or status in (400, 422):
+        why = redact(short_error(e), api.token)
+        return HubError(f"the Hub at {api.endpoint} refused {what} ({why}): SFT_HUB_REPO and SFT_HUB_REVISION must "
+                        "be names it takes (owner/name; letters, digits, - _ .)", exitcodes.BAD_SETTINGS)
+    if status == 403:
+        return HubError(f"HF_TOKEN may not {what} at {api.endpoint} (403): it needs write access there",
+                        exitcodes.HUB_AUTH)
+    return e
 
 
 def check_write_access(me: dict, repo_id: str) -> None:
@@ -137,4 +154,8 @@ def _create_refused(repo_id: str, e: Exception) -> HubError:
     if status == 403:
         return HubError(f"HF_TOKEN may not create {repo_id} (403): it needs write access to that namespace",
                         exitcodes.HUB_AUTH)
-    return HubError(f"could not create {repo_id} ({short_error(e)})", exitcodes.HUB_UNREACHABLE)
+    if status in (400, 422):  # the name: no later start can change it
+        return HubError(f"the Hub refused to create {repo_id} ({short_error(e)}): pick an SFT_HUB_REPO it takes "
+                        "(owner/name; letters, digits, - _ .)", exitcodes.BAD_SETTINGS)
+    return HubError(f"could not create {repo_id} ({short_error(e)})",
+                    exitcodes.HUB_UNREACHABLE if transient(e) else exitcodes.BAD_SETTINGS)

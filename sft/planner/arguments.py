@@ -111,6 +111,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("model_init_kwargs", "SFT_PRECISION and SFT_ATTENTION",
              lambda r: {"dtype": "bfloat16" if r.decision.bf16 else "float32",
                         "attn_implementation": r.decision.attention, "revision": r.decision.model_revision}),
+    # the model's own code (its auto_map): TRL passes it to the model's and the tokenizer's loading; False makes
+    # transformers refuse such a model instead of asking on stdin
+    Argument("trust_remote_code", "SFT_TRUST_REMOTE_CODE", lambda r: r.settings.trust_remote_code),
     Argument("assistant_only_loss", "SFT_LOSS_ON", lambda r: r.data.loss_on == "assistant"),  # TRL masks the rest
     Argument("completion_only_loss", "SFT_LOSS_ON", lambda r: r.data.loss_on == "completion"),  # TRL masks prompts
     Argument("chat_template_path", "SFT_CHAT_TEMPLATE", lambda r: r.settings.chat_template),

@@ -20,7 +20,8 @@ def plan(s: Settings, facts: DataFacts) -> tuple[DataPlan, dict[str, str]]:
     _, fraction, why_eval = evaluation(s, list(facts.train))
     every, why_every = eval_every(s, bool(facts.eval) or fraction > 0)
     data = DataPlan(train=list(facts.train), eval=list(facts.eval), eval_fraction=fraction, eval_steps=every,
-                    loss_on=loss, seed=s.seed, dropped=list(facts.dropped), processes=processes(facts.rows))
+                    loss_on=loss, seed=s.seed, dropped=list(facts.dropped), processes=processes(facts.rows),
+                    drop_empty=s.empty_rows == "drop")
     return data, {"loss": why_loss, "evaluation": why_eval + (f"; {why_every}" if why_every else "")}
 
 

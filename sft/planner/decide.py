@@ -27,7 +27,7 @@ from . import data as data_rules
 from . import memory, reshard, rules
 from .decision import Decision
 from .inputs import CannotRun, Inputs, Machine, Ranks
-from .plan import Plan, Row, Setup, estimate_row, longest_rows, plan_from_shape
+from .plan import GPU_FREE_FRACTION, Plan, Row, Setup, estimate_row, longest_rows, plan_from_shape
 from .reshard import Reshard
 
 CPU_RANK_MEMORY_GIB = 16.0  # what a CPU rank is planned with when the host's memory is unknown
@@ -72,6 +72,11 @@ def _with_data(inputs: Inputs, d: Decision) -> Decision:
         asked = inputs.settings.model_revision
         reasons["model"] = f"{inputs.settings.model} at commit {inputs.model_revision}" + (
             f" (SFT_MODEL_REVISION={asked})" if asked else " (its main branch at start)")
+    if inputs.settings.trust_remote_code:
+        reasons["remote_code"] = ("SFT_TRUST_REMOTE_CODE=true: the model's own code runs in the controller and every "
+                                  f"rank, trusted on purpose ({'; '.join(inputs.remote_code)})" if inputs.remote_code
+                                  else "SFT_TRUST_REMOTE_CODE=true, and the model maps no class to code of its own: "
+                                  "none runs")
     if inputs.data is None:
         return _replace(d, model_revision=inputs.model_revision, reasons=reasons)
     plan, why = data_rules.plan(inputs.settings, inputs.data)
@@ -135,7 +140,7 @@ def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any],
                 p = _plan(inputs, at, split)
                 return stage, config, f"auto: {stage.label}, the lowest option that {p.row(name).why}", split
         p = _plan(inputs, d, _levels(inputs, d)[-1])
-        raise CannotRun(f"no ZeRO option fits this machine: {none_fits(p)}", exitcodes.PREFLIGHT, p)
+        raise CannotRun(f"no ZeRO option fits this machine: {none_fits(p)}; {needs(p)}", exitcodes.PREFLIGHT, p)
     at = _at_stage(inputs, d, stage, config)
     return stage, config, why, _fitting_level(inputs, at) or _levels(inputs, d)[-1]
 
@@ -146,6 +151,18 @@ def none_fits(p: Plan) -> str:
     gpus = f"{s.total_gpus} x {s.gpu_memory_gib:g} GiB"
     host = "" if s.host_memory_gib is None else f" with {s.host_memory_gib:g} GiB of host RAM"
     return f"nothing fits on {gpus}{host}: " + " | ".join(f"{stages.get(r.option).label}: {r.why}" for r in p.rows)
+
+
+def needs(p: Plan) -> str:
+    """What a machine would need for the option of the lowest peak: GPUs of that much memory (GPU_FREE_FRACTION of
+    each kept free) and, for offload, that much host RAM; and how to see the configuration for one."""
+    best = min(p.rows, key=lambda r: r.peak)
+    gib = best.peak / (1 - GPU_FREE_FRACTION) / GIB
+    host = f" and {best.host / GIB:.1f} GiB of host RAM per node" if stages.get(best.option).offload else ""
+    return (f"it would need {p.setup.total_gpus} GPU(s) of at least {gib:.1f} GiB each{host} ("
+            f"{stages.get(best.option).label}, the lowest peak: {best.peak / GIB:.2f} GiB, with "
+            f"{GPU_FREE_FRACTION:.0%} of each GPU kept free), or more GPUs; `config --gpus N --gpu-memory GIB` "
+            "shows the configuration for such a machine")
 
 
 def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any]) -> Decision:

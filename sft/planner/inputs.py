@@ -62,6 +62,7 @@ class Inputs:
     user_config: Mapping[str, Any] | None = None  # SFT_DS_CONFIG's contents
     data: DataFacts | None = None  # None where only the model and machine matter (`plan`)
     model_revision: str | None = None  # the model's commit (None: a local folder, or not resolved)
+    remote_code: tuple[str, ...] = ()  # the classes the model maps to its own code ("AutoConfig -> x.Y")
 
 
 @dataclass(frozen=True)

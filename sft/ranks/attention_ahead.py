@@ -65,14 +65,16 @@ def compile_ahead(spec) -> str:
     from transformers import AutoConfig, AutoModel
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    config = AutoConfig.from_pretrained(spec.model, revision=spec.model_revision)
+    config = AutoConfig.from_pretrained(spec.model, revision=spec.model_revision,
+                                        trust_remote_code=spec.trust_remote_code)
     text = config.get_text_config()
     layers = layers_of_each_kind(text)
     text.num_hidden_layers = layers
     if getattr(text, "layer_types", None):
         text.layer_types = text.layer_types[:layers]
     with torch.device("cuda"):  # the decoder without its LM head: the run's logits are no attention kernel's
-        model = AutoModel.from_config(config, attn_implementation=spec.attention,
+        model = AutoModel.from_config(config, trust_remote_code=spec.trust_remote_code,
+                                      attn_implementation=spec.attention,
                                       dtype=torch.bfloat16 if spec.bf16 else torch.float32)
     padding = spec.trainer["pad_to_multiple_of"]  # the ranks' (on GPUs)
     collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=spec.packing,

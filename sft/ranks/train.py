@@ -180,7 +180,13 @@ def _stamp(report: RankReport, on_gpu: bool) -> None:
 
 def _finish(spec: RunSpec, report: RankReport, on_gpu: bool, code: int) -> int:
     _stamp(report, on_gpu)
-    report.save(RankReport.path(Path(spec.report_dir), spec.mode, report.rank))
+    try:
+        report.save(RankReport.path(Path(spec.report_dir), spec.mode, report.rank))
+    except OSError as e:  # a full or read-only disk: the controller finds the report missing and looks at the disk;
+        # said here in one line, not as a second traceback inside the first failure's
+        print(f"rank {report.rank}: could not write its report in {spec.report_dir} ({e.strerror or e}); it "
+              f"{report.status or 'ended'}{f': {report.error}' if report.error else ''}", file=sys.stderr, flush=True)
+        code = code or 1
     if code == 0 and dist.is_initialized():
         # Without this a rank aborts at exit and the launcher reports failure (docs/facts.md).
         dist.destroy_process_group()

@@ -6,12 +6,14 @@ every problem reported at once. It imports nothing of the job's above it.
     checks.py    what involves more than one variable's syntax: files, formats, combinations
     entries.py   what SFT_DATASET and SFT_EVAL_DATASET say: sources and their amounts (sft/data/ loads them)
     times.py     SFT_TIME_LIMIT and SLURM's end time, as epoch seconds
+    names.py     what the Hub takes as a repo's name (huggingface_hub's validator)
     problems.py  how a problem reads (VAR='value': what would be valid), and the list of them before exit 2
 """
 
-from .fields import ECOSYSTEM_VARS, REPO_ID, Settings
+from .fields import ECOSYSTEM_VARS, Settings
+from .names import hub_name_problem, is_hub_name
 from .parse import describe, env_name, from_env, markdown_table
 from .problems import SettingsError, bad, refusal
 
-__all__ = ["ECOSYSTEM_VARS", "REPO_ID", "Settings", "SettingsError", "bad", "describe", "env_name", "from_env",
-           "markdown_table", "refusal"]
+__all__ = ["ECOSYSTEM_VARS", "Settings", "SettingsError", "bad", "describe", "env_name", "from_env", "hub_name_problem",
+           "is_hub_name", "markdown_table", "refusal"]

@@ -13,7 +13,9 @@ from pathlib import Path
 from .. import tracking
 from . import entries
 from .entries import looks_local
-from .fields import REPO_ID, Settings
+from .fields import Settings
+from .names import hub_name_problem, not_a_name
+from .paths import output_problems
 from .problems import bad
 from .times import parse_limit
 
@@ -34,8 +36,9 @@ def check(s: Settings) -> list[str]:
         problems.append(bad("SFT_GPUS", s.gpus, "expected all, or GPU indices such as 0,1,2,3"))
     elif s.gpus != "all" and len(set(s.gpus.split(","))) != len(s.gpus.split(",")):
         problems.append(bad("SFT_GPUS", s.gpus, "a GPU is listed twice"))
-    if s.hub_repo is not None and not (REPO_ID.match(s.hub_repo) and "/" in s.hub_repo):
-        problems.append(bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"))
+    if s.hub_repo is not None and ((why := hub_name_problem(s.hub_repo)) or "/" not in s.hub_repo):
+        problems.append(bad("SFT_HUB_REPO", s.hub_repo, "expected a repo id such as your-name/qwen3-8b-sft"
+                            + (f" ({why})" if why else " (owner/name: the job never guesses the owner)")))
     if s.trainer_args is not None:
         problems += trainer_args_problems(s.trainer_args)
     if s.liger_kernels == "true" and not liger_available():
@@ -49,7 +52,7 @@ def check(s: Settings) -> list[str]:
         problems.append(bad("SFT_LIGER_KERNELS", "true", "not with SFT_COMPILE=true: compiled with Liger's kernels, "
                              "training's loss was NaN from the third step on an H200 (docs/speed.md); set one of "
                              "them to auto"))
-    problems += _check_output_dir(s.output_dir)
+    problems += output_problems(s)
     problems += service_problems(s)
     return problems + sequence_parallel_problems(s)
 
@@ -98,12 +101,12 @@ def flash_attention_4_installed() -> bool:  # also the machine's fact (controlle
 def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
     path = Path(os.path.expanduser(value))
     if not looks_local(value):
-        if REPO_ID.match(value):
+        if hub_name_problem(value) is None:
             return []
-        return [bad(var, value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B")]
-    if not path.exists():
+        return [bad(var, value, not_a_name(value, "neither a local path nor a Hub name such as Qwen/Qwen3-8B"))]
+    if not os.path.exists(path):  # False for a name Linux cannot hold (os.path never raises)
         return [bad(var, value, "no such file or folder")]
-    if expect_dir and not (path / "config.json").is_file():
+    if expect_dir and not os.path.isfile(path / "config.json"):
         return [bad(var, value, "expected a model folder with config.json (as save_pretrained writes)")]
     return []
 
@@ -117,18 +120,6 @@ def _check_ds_config(s: Settings) -> list[str]:
         return [bad("SFT_DS_CONFIG", s.ds_config, f"not a readable JSON file ({e})")]
     if not isinstance(config, dict) or "zero_optimization" not in config:
         return [bad("SFT_DS_CONFIG", s.ds_config, "expected a DeepSpeed config with a zero_optimization section")]
-    return []
-
-
-def _check_output_dir(value: str) -> list[str]:
-    # Find the nearest folder that exists: the job creates the rest. Nothing is written here.
-    path = Path(os.path.expanduser(value)).absolute()
-    if path.exists() and not path.is_dir():
-        return [bad("SFT_OUTPUT_DIR", value, "exists and is not a folder")]
-    while not path.exists():
-        path = path.parent
-    if not os.access(path, os.W_OK | os.X_OK):
-        return [bad("SFT_OUTPUT_DIR", value, f"{path} is not writable (mount a writable folder there)")]
     return []
 
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fields import REPO_ID
+from .names import hub_name_problem, not_a_name
 
 # datasets' builder for each local file format
 LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -49,10 +49,10 @@ class Entry:
         """file, folder (of files), saved (save_to_disk) or hub."""
         if not self.local:
             return "hub"
-        path = Path(self.path).expanduser()
-        if path.is_file():
+        path = Path(os.path.expanduser(self.path))
+        if os.path.isfile(path):  # os.path: False for a name Linux cannot hold, where pathlib raises
             return "file"
-        if (path / SAVED_DICT).is_file() or all((path / name).is_file() for name in SAVED_DATASET):
+        if os.path.isfile(path / SAVED_DICT) or all(os.path.isfile(path / name) for name in SAVED_DATASET):
             return "saved"
         return "folder"
 
@@ -87,11 +87,11 @@ def problems(var: str, value: str) -> list[str]:
     for e in entries:
         # as every settings problem reads: VAR='value': what is wrong (naming the entry when there are several)
         head = f"{var}={value!r}: " + (f"{e.path}: " if len(entries) > 1 else "")
-        path = Path(e.path).expanduser()
+        path = Path(os.path.expanduser(e.path))
         if not e.local:
-            if not REPO_ID.match(e.path):
-                found.append(head + "neither a local path nor a Hub name such as trl-lib/Capybara")
-        elif not path.exists():
+            if hub_name_problem(e.path) is not None:
+                found.append(head + not_a_name(e.path, "neither a local path nor a Hub name such as trl-lib/Capybara"))
+        elif not os.path.exists(path):
             found.append(head + "no such file or folder")
         elif e.kind == "file" and path.suffix not in DATA_SUFFIXES:
             found.append(head + f"expected a {', '.join(DATA_SUFFIXES)} file, a folder of them, or a folder written "
@@ -143,14 +143,15 @@ def settings_problems(s) -> list[str]:
 
 
 def _template_problems(value: str) -> list[str]:
-    path = Path(value).expanduser()
+    path = Path(os.path.expanduser(value))
     if not looks_local(value):
-        return [] if REPO_ID.match(value) else [f"SFT_CHAT_TEMPLATE={value!r}: neither a local path nor a Hub name"]
-    if not path.exists():
+        return [] if hub_name_problem(value) is None else [
+            f"SFT_CHAT_TEMPLATE={value!r}: " + not_a_name(value, "neither a local path nor a Hub name")]
+    if not os.path.exists(path):
         return [f"SFT_CHAT_TEMPLATE={value!r}: no such file or folder"]
-    if path.is_file() and path.suffix not in (".jinja", ".j2"):  # TRL reads any other path as a tokenizer's
+    if os.path.isfile(path) and path.suffix not in (".jinja", ".j2"):  # TRL reads any other path as a tokenizer's
         return [f"SFT_CHAT_TEMPLATE={value!r}: expected a .jinja (or .j2) template file, or a model folder"]
-    if path.is_dir() and not (path / "tokenizer_config.json").is_file():
+    if os.path.isdir(path) and not os.path.isfile(path / "tokenizer_config.json"):
         return [f"SFT_CHAT_TEMPLATE={value!r}: a folder without tokenizer_config.json: give a model or tokenizer "
                 "folder, or a .jinja file"]
     return []

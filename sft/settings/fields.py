@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ PRECISIONS = ("auto", "bf16", "fp32")
 BUDGET_ACTIONS = ("refuse", "truncate")
 LONG_ROWS = ("truncate", "drop", "error")
 LOSS_ON = ("auto", "all", "assistant", "completion")
-# A Hub repo id: "name" or "owner/name" (the Hub's own rule: letters, digits, - _ . , no "--" or "..").
-REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+EMPTY_ROWS = ("error", "drop")
+# The most a number may be, unless its field says (max=): past these the libraries overflow (int32 sizes, float())
+INT_MAX, FLOAT_MAX = 2**31 - 1, 1e9
 # The variables of the ecosystem the job reads under their own names (documented, never SFT_).
 ECOSYSTEM_VARS = {
     "HF_TOKEN": "Hugging Face token (write access) for SFT_HUB_REPO, found as huggingface_hub finds it: HF_TOKEN, "
@@ -42,7 +42,8 @@ ECOSYSTEM_VARS = {
 
 
 def _setting(default: Any, help: str, **meta: Any) -> Any:
-    """A field and its help; meta: choices, min, gt, lt (bounds parse.py checks), auto (an int field takes "auto")."""
+    """A field and its help; meta: choices, min, gt, lt, max (bounds parse.py checks; max defaults to INT_MAX or
+    FLOAT_MAX), auto (an int field takes "auto")."""
     return field(default=default, metadata={"help": help, **meta})
 
 
@@ -55,6 +56,11 @@ class Settings:
     model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
     model_revision: str | None = _setting(None, "The Hub model's branch, tag or commit; resolved to a commit at start "
                                           "and recorded in the summary and the model card.")
+    trust_remote_code: bool = _setting(False, "Run the model's own code: a model whose config.json maps its classes "
+                                       "to Python files of its repo or folder (auto_map), for an architecture "
+                                       "transformers does not have. false: such a model is refused before anything "
+                                       "runs; true: its code runs in the controller and every rank, trusted on "
+                                       "purpose (said in the decision and the model card).")
     dataset: str = _setting("trl-lib/Capybara", "Training data: a Hub name, a local .jsonl/.json/.parquet/.csv "
                             "file or a folder of them, or a save_to_disk folder; several, comma-separated, make a "
                             "mixture, each optionally ending in :ROWS (rows drawn from it) or :WEIGHT (with a decimal "
@@ -111,6 +117,10 @@ class Settings:
                               "step before any rank starts: truncate (TRL cuts each at the length), drop (left "
                               "out), or error (exit 2 before anything is written, naming how many and the "
                               "longest).", choices=LONG_ROWS)
+    empty_rows: str = _setting("error", "Rows that teach nothing: an empty or blank text, an empty completion, an "
+                               "assistant turn with no content (and no tool call), which would teach the model to "
+                               "answer nothing. error: exit 2 naming their rows; drop: left out of the training and "
+                               "evaluation rows, counted in the log and the summary.", choices=EMPTY_ROWS)
     sequence_parallel: int | str = _setting("auto", "GPUs of a node that share each row (DeepSpeed's Ulysses sequence "
                                             "parallelism; each holds 1/N of its tokens), so rows too long for one GPU "
                                             "train. Needs SFT_PACKING=false and sdpa attention. auto: 1, or on "
@@ -155,11 +165,13 @@ class Settings:
     report_to: str = _setting("none", "Experiment trackers the Trainer logs to (its report_to), comma-separated: "
                               "none; " + tracking.describe() + ".")
     run_name: str | None = _setting(None, "The run's name in the trackers (the Trainer's run_name); unset: theirs.")
-    seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0)
+    seed: int = _setting(42, "Random seed (data order, initialisation of new weights).", min=0,
+                         max=2**32 - 1)  # numpy's seed
     precision: str = _setting("auto", "bf16 or fp32; auto: bf16 on GPUs, fp32 on CPU.", choices=PRECISIONS)
     output_dir: str = _setting("output", "Where checkpoints, final/ and the run's reports go.")
     gpus: str = _setting("all", "GPUs to use: all, or a list such as 0,1,2,3.")
-    cpu_ranks: int = _setting(2, "Ranks to start on a machine with no GPU (CPU, gloo): demos and tests.", min=1)
+    cpu_ranks: int = _setting(2, "Ranks to start on a machine with no GPU (CPU, gloo): demos and tests.", min=1,
+                              max=256)
     launcher: str = _setting("torchrun", "What starts the ranks: torchrun or deepspeed.", choices=LAUNCHERS)
     price_per_hour: float | None = _setting(None, "Price of the machine per hour, for the probe's cost projection.",
                                             gt=0)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from typing import Any, Mapping
 
 from .. import nodes
 from .checks import check
-from .fields import CHECKPOINTING, LAUNCHERS, PREFIX, SWITCH, TRUE, FALSE, Settings
+from .fields import CHECKPOINTING, FLOAT_MAX, INT_MAX, LAUNCHERS, PREFIX, SWITCH, TRUE, FALSE, Settings
 from .problems import SettingsError, bad
 
 
@@ -44,6 +45,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     for var, f in fields.items():
         raw = environ.get(var)
         if raw is None or raw.strip() == "":
+            continue
+        if "\x00" in raw:  # no path, name or number holds one (the environment itself cannot carry it)
+            problems.append(bad(var, raw, "contains a NUL character"))
             continue
         try:
             values[f.name] = _parse(f, raw.strip())
@@ -95,6 +99,8 @@ def _parse(f: dataclasses.Field, raw: str) -> Any:
             value = float(raw)
         except ValueError:
             raise ValueError("expected a number") from None
+        if not math.isfinite(value):  # float() reads inf, nan and 1e999: none is a setting's value
+            raise ValueError("expected a finite number")
     else:
         value = raw
     _check_bounds(f.metadata, value)
@@ -120,3 +126,9 @@ def _check_bounds(meta: Mapping[str, Any], value: Any) -> None:
         raise ValueError(f"expected more than {meta['gt']}")
     if "lt" in meta and not value < meta["lt"]:
         raise ValueError(f"expected less than {meta['lt']}")
+    # Every number has a ceiling: one past what the libraries take overflows inside them (float(), int32), after
+    # the start, as a traceback
+    ceiling = meta.get("max", FLOAT_MAX if isinstance(value, float) else INT_MAX)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > ceiling:
+        raise ValueError(f"expected at most {ceiling:g}" if isinstance(ceiling, float) else
+                         f"expected at most {ceiling}")
