@@ -12,6 +12,9 @@ from .console import say
 from .handoff import CheckpointRecord, read_json
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# A file written in the background is in this folder beside its place until whole (ranks/patches/background.py): the
+# same name, so torch.save's file is the same byte for byte (it names its records after the file)
+WRITING = ".sft-writing"
 SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
@@ -47,10 +50,14 @@ def problem(checkpoint: Path) -> str | None:
     """Why a checkpoint is not complete, or None if the Trainer and DeepSpeed finished writing it.
 
     The Trainer writes trainer_state.json after DeepSpeed's save (which ends in a barrier across
-    ranks), so its presence with `latest` and every rank's shard means nothing is half-written.
+    ranks), so its presence with `latest` and every rank's shard means nothing is half-written; where the
+    files are written in the background, none may still be in a WRITING folder.
     """
     if not (checkpoint / "trainer_state.json").is_file():
         return "no trainer_state.json"
+    writing = sorted(p.name for p in checkpoint.rglob(f"{WRITING}/*"))
+    if writing:  # its files are written while the steps go on: complete once moved to their place
+        return f"still being written ({', '.join(writing)})"
     if read_json(checkpoint / "trainer_state.json") is None:  # the Trainer writes it in place: a full disk tears it
         return "trainer_state.json is torn"
     ranks = shard_ranks(checkpoint)
@@ -92,6 +99,19 @@ def free_disk(output_dir: str) -> int:
     while not path.exists():
         path = path.parent
     return shutil.disk_usage(path).free
+
+
+def unwritten_bytes(path: Path) -> int:
+    """Bytes the folder's files still being written in the background will take: each is its final size already
+    (torch.save's file with its records left as holes) but holds only the blocks written so far."""
+    total = 0
+    for found in path.rglob(f"{WRITING}/*"):
+        try:
+            st = found.stat()
+        except FileNotFoundError:
+            continue  # renamed or removed while counted: written
+        total += max(st.st_size - st.st_blocks * 512, 0)
+    return total
 
 
 def folder_bytes(path: Path) -> int:

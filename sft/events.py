@@ -106,6 +106,18 @@ class CheckpointSaved(Event):
 
 
 @dataclass(frozen=True)
+class CheckpointWritten(Event):
+    """Rank 0, once its files of a checkpoint written in the background are all written (ranks/patches/background.py);
+    the checkpoint is complete when every rank's are."""
+
+    KIND: ClassVar[str] = "checkpoint_written"
+    step: int
+    seconds: float  # from the first file's copy to the last file's rename, while the steps went on
+    bytes: int
+    path: str
+
+
+@dataclass(frozen=True)
 class UploadStarted(Event):
     KIND: ClassVar[str] = "upload_started"
     folder: str

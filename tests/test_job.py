@@ -160,7 +160,7 @@ def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     env = demo_env(tmp_path, zero_stage="2", **JOB)
     log = tmp_path / "job.log"
     proc = _start(env, log)
-    _wait_for(tmp_path / "out" / "checkpoint-20" / "trainer_state.json", proc, log)
+    _wait_for_complete(tmp_path / "out" / "checkpoint-20", proc, log)
     os.killpg(proc.pid, signal.SIGKILL)  # the VM dies: no handler runs
     proc.wait()
     result = run_entrypoint(env)
@@ -172,6 +172,60 @@ def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     after = [k for k in reference if k > resumed]
     assert after and max(abs(losses[k] - reference[k]) for k in after) < 1e-4
     assert summary["train"]["num_tokens"] == read_summary(runs["2"][1])["train"]["num_tokens"]
+
+
+def _wait_for_complete(folder: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    """Until the checkpoint is complete: its files are written in the background after the save returns."""
+    _wait_for(folder / "trainer_state.json", proc, log, timeout)
+    deadline = time.monotonic() + timeout
+    while checkpoints.problem(folder) is not None:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def test_killed_during_a_background_write_resumes_from_the_checkpoint_before(runs, tmp_path):
+    """kill -9 while checkpoint-40's files are still being written (a slow disk: each file waits 20 s before it
+    takes its place): checkpoint-40 is torn, a new start resumes from checkpoint-20 with the same losses."""
+    env = demo_env(tmp_path, zero_stage="2", **JOB)
+    env["SFTTEST_WRITE_SECONDS"] = "20"
+    log, out = tmp_path / "job.log", tmp_path / "out"
+    proc = _start(env, log)
+    _wait_for(out / "checkpoint-40" / "trainer_state.json", proc, log)  # the save returned, its files not written
+    assert checkpoints.problem(out / "checkpoint-40").startswith("still being written")
+    assert checkpoints.problem(out / "checkpoint-20") is None  # a new save waits for the one before
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    del env["SFTTEST_WRITE_SECONDS"]
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "skipping checkpoint-40: incomplete (still being written" in result.stdout
+    summary = read_summary(out)
+    assert summary["resumed_from"].endswith("checkpoint-20")
+    assert_follows(summary, read_summary(runs["2"][1]), 20)
+
+
+def test_sigterm_during_a_background_write_waits_for_it_and_both_checkpoints_are_complete(runs, tmp_path):
+    """SIGTERM while checkpoint-20's files are being written: the stop's own save waits for them, then its own are
+    written before the job exits 143; a new start resumes from the stop's checkpoint with the same losses."""
+    env = demo_env(tmp_path, zero_stage="2", **JOB)
+    env["SFTTEST_WRITE_SECONDS"] = "5"
+    log, out = tmp_path / "job.log", tmp_path / "out"
+    proc = _start(env, log)
+    _wait_for(out / "checkpoint-20" / "trainer_state.json", proc, log)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=300)
+    assert proc.returncode == 143, log.read_text()[-3000:]
+    stopped_at = read_summary(out)["train"]["global_step"]
+    assert checkpoints.problem(out / "checkpoint-20") is None
+    assert checkpoints.problem(out / f"checkpoint-{stopped_at}") is None
+    events = (out / "run" / "events.jsonl").read_text()
+    assert f'"event": "checkpoint_written", "step": {stopped_at}' in events
+    del env["SFTTEST_WRITE_SECONDS"]
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    summary = read_summary(out)
+    assert summary["resumed_from"].endswith(f"checkpoint-{stopped_at}")
+    assert_follows(summary, read_summary(runs["2"][1]), stopped_at)
 
 
 def logged_tokens(summary: dict) -> dict[int, int]:

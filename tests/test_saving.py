@@ -79,7 +79,7 @@ def test_deepspeeds_checkpoint_engine_writes_through_it(tmp_path, crc32_off, mon
     checkpoints.checkpoints_by_records()  # once only, however often the rank calls it
     calls = []
     real = saving.save
-    monkeypatch.setattr(saving, "save", lambda obj, path: calls.append(path) or real(obj, path))
+    monkeypatch.setattr(saving, "save", lambda obj, path, writer=None: calls.append(path) or real(obj, path, writer))
     engine = TorchCheckpointEngine()
     engine.zipfile_serialization = True  # DeepSpeed's default where a config is given
     obj = state()

@@ -17,6 +17,7 @@ from . import faults, profiling
 def before_training(spec: RunSpec) -> None:
     """Just before the Trainer's loop (raises the faults a test asked for)."""
     faults.inject(spec)
+    faults.slow_writes()
 
 
 def callbacks_first() -> list:

@@ -27,6 +27,17 @@ def inject(spec: RunSpec) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory (simulated for this micro-batch by SFTTEST_OOM_MICRO_BATCHES)")
 
 
+def slow_writes() -> None:
+    """SFTTEST_WRITE_SECONDS: each checkpoint file written in the background waits that long before it takes its
+    name (a slow disk), so a test can stop or kill the job while a checkpoint is being written."""
+    seconds = float(os.environ.get("SFTTEST_WRITE_SECONDS") or 0)
+    if seconds > 0:
+        from ..ranks.patches import background
+
+        if (writer := background.writer()) is not None:
+            writer.slower_s = seconds
+
+
 def _listed(variable: str) -> list[str]:
     return os.environ.get(variable, "").split(",")
 

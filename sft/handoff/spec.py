@@ -110,6 +110,7 @@ class RunSpec(Record):
     # reports as a probe (RankReport mode "probe") and waits for the controller's Verdict in verdict_file. 0: never.
     hold_at: int = 0
     verdict_file: str = ""
+    save_background: bool = False  # checkpoints written while the steps go on (ranks/patches/background.py)
 
     @property
     def probes(self) -> bool:

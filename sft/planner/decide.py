@@ -24,7 +24,7 @@ from ..handoff import Split
 from ..stages import Stage
 from ..units import GIB
 from . import data as data_rules
-from . import memory, reshard, rules
+from . import disk, memory, reshard, rules
 from .decision import Decision
 from .inputs import CannotRun, Inputs, Machine, Ranks
 from .plan import GPU_FREE_FRACTION, Plan, Row, Setup, estimate_row, longest_rows, plan_from_shape
@@ -59,10 +59,21 @@ def decide(inputs: Inputs) -> Decision:
     if record is not None and record.max_steps is not None:
         d = cap_steps(d, record.max_steps, "as the budget capped them for the checkpoint resumed")
     d = _replace(d, reasons={**d.reasons, "launcher": f"{s.launcher} (SFT_LAUNCHER)"})
+    d = _saved_in_background(inputs, d)
     goes_on, why_probe = rules.probe_goes_on(s, ranks, record)
     if why_probe:
         d = _replace(d, probe_goes_on=goes_on, reasons={**d.reasons, "probe": why_probe})
     return _with_data(inputs, d)
+
+
+def _saved_in_background(inputs: Inputs, d: Decision) -> Decision:
+    """Whether checkpoints are written while the steps go on, from what their snapshot takes of the host."""
+    snapshot = disk.snapshot_bytes(inputs.shape.total_params, d.bf16, d.stage.zero,
+                                    disk.optimizer_of(d.ds_config, inputs.settings.extra_trainer_args),
+                                    d.ranks.nodes)
+    on, why = rules.save_background(inputs.settings, inputs.machine, d.ranks, snapshot,
+                                    d.row.host if d.offload else None)
+    return _replace(d, save_background=on, reasons={**d.reasons, "save_background": why})
 
 
 def _with_data(inputs: Inputs, d: Decision) -> Decision:

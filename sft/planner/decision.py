@@ -39,6 +39,7 @@ class Decision:
     data: DataPlan | None = None  # what the ranks train and evaluate on (None: the data was not read)
     model_revision: str | None = None  # the model's commit, as resolved at start
     probe_goes_on: bool = False  # the probe is the training's launch, which goes on after its steps (rules.py)
+    save_background: bool = False  # checkpoints written while the steps go on (ranks/patches/background.py)
 
     @property
     def offload(self) -> bool:
@@ -58,7 +59,7 @@ class Decision:
                 "stage": self.stage.name, "offload": self.offload, "micro_batch": self.split.micro_batch,
                 "grad_accum": self.split.grad_accum,
                 "gradient_checkpointing": self.split.gradient_checkpointing, "batch_searched": self.searched,
-                "pin_memory": self.pin_memory, "launcher": self.launcher,
+                "pin_memory": self.pin_memory, "launcher": self.launcher, "save_background": self.save_background,
                 "sequence_parallel": self.sequence_parallel,
                 "predicted_peak_gib": round(self.row.peak / GIB, 2), "model_revision": self.model_revision,
                 **({"loss_on": self.data.loss_on, "eval_steps": self.data.eval_steps} if self.data else {})}

@@ -55,6 +55,17 @@ def checkpoint_bytes_per_param(bf16: bool, zero: int, optimizer: str) -> tuple[f
                    f"weights ({MASTER_BYTES}), optimizer state ({what}: {state:g})")
 
 
+def snapshot_bytes(total_params: int | None, bf16: bool, zero: int, optimizer: str, nodes: int = 1) -> int | None:
+    """Host memory one node's ranks keep for a checkpoint written in the background (ranks/patches/background.py):
+    DeepSpeed's files of one checkpoint (the Trainer's own safetensors copy of the weights is written at once)."""
+    if total_params is None:
+        return None
+    per_param, _ = checkpoint_bytes_per_param(bf16, zero, optimizer)
+    if zero < 3:
+        per_param -= weight_bytes(bf16)  # model.safetensors: not in the snapshot
+    return int(total_params * per_param / max(nodes, 1))
+
+
 def saves_left(step: int, max_steps: int, save_steps: int) -> int:
     """Checkpoints the Trainer still writes after `step`: every save_steps, and one at the last step."""
     if max_steps <= step:

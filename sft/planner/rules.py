@@ -148,6 +148,28 @@ def levels(s: Settings, split: Split, on_gpu: bool) -> tuple[Split, ...]:
         s.gradient_checkpointing]
 
 
+# auto writes checkpoints in the background where their snapshot takes at most this share of the host's memory
+# left after offload's own: the rest is the ranks' processes, the page cache the writes go through, the data
+SNAPSHOT_HOST_SHARE = 0.6
+
+
+def save_background(s: Settings, m: Machine, ranks: Ranks, snapshot_bytes: int | None,
+                    offload_bytes: int | None) -> tuple[bool, str]:
+    """Whether checkpoints are written while the steps go on (ranks/patches/background.py): their snapshot is one
+    checkpoint's size on each node, in host memory kept for it."""
+    if s.save_background != "auto":
+        return s.save_background == "true", f"{s.save_background} (SFT_SAVE_BACKGROUND)"
+    if snapshot_bytes is None or m.host_memory_bytes is None:
+        return False, "off, auto: the host's memory or the checkpoint's size is not known here"
+    room = (m.host_memory_bytes - (offload_bytes or 0)) * SNAPSHOT_HOST_SHARE
+    shown = f"a checkpoint's snapshot takes {snapshot_bytes / GIB:.1f} GiB of host memory per node"
+    if snapshot_bytes > room:
+        return False, (f"off, auto: {shown}, over {SNAPSHOT_HOST_SHARE:.0%} of the {room / SNAPSHOT_HOST_SHARE / GIB:.1f}"
+                       " GiB left to it; the steps wait for each save (SFT_SAVE_BACKGROUND=true writes in the "
+                       "background anyway)")
+    return True, f"on, auto: {shown}, and the steps wait only for that copy, not for the files"
+
+
 def compile_model(s: Settings, ranks: Ranks, stage: Stage, sequence_parallel: int = 1) -> tuple[bool, str]:
     """Whether each decoder layer is compiled (sft/ranks/train.py::regional_compilation), at this stage. Compiled,
     Liger's kernels stay off (liger below), and the planner counts a compiled layer's activations as Liger's (measured

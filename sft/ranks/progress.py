@@ -16,8 +16,10 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, Evaluated, EventLog, Progress
+from ..checkpoints import step_of
+from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, CheckpointWritten, Evaluated, EventLog, Progress
 from ..handoff import CheckpointRecord, RankReport, write_json
+from .patches import background
 from .patches.reads import Read
 
 PROGRESS_EVERY_S = 2.0  # run/progress.json is rewritten at most this often (and after each save)
@@ -104,6 +106,7 @@ class ProgressCallback(TrainerCallback):
         self.report.train_began, self.report.train_began_wall = time.perf_counter(), time.time()
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._written_in_background(state)
         tokens = getattr(self.trainer, "_total_train_tokens", 0)  # TRL's non-padding count, all ranks
         now = time.perf_counter() - self.report.eval_seconds - self.report.held_seconds
         self.report.steps.append([state.global_step, now, int(tokens)])
@@ -167,7 +170,10 @@ class ProgressCallback(TrainerCallback):
         """After each checkpoint: its save time and event (rank 0 of a training run); and when the disk cannot
         hold the rest of the run, every rank stops here, at a complete checkpoint, instead of failing at a
         later save (the controller then exits 3)."""
+        if (writer := background.writer()) is not None:
+            writer.seal()
         self._saved(args, state)
+        self._written_in_background(state)
         if state.is_world_process_zero:
             fits, message = room_after(args, state, kwargs["model"])
             print(f"[rank 0] disk after checkpoint-{state.global_step}: {message}", flush=True)
@@ -177,6 +183,26 @@ class ProgressCallback(TrainerCallback):
         if self.stop.agreed():  # every rank takes part: one rank's verdict stops them all
             control.should_training_stop = True
         return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """The checkpoint still being written is whole before the rank goes on: to the final model, or its end."""
+        if (writer := background.writer()) is not None:
+            writer.wait()
+            self._written_in_background(state)
+
+    def _written_in_background(self, state) -> None:
+        """A background write's failure (a full disk) raised here, in the training's thread, as a save at once
+        raised it; each checkpoint written told (rank 0), and a stop for time leaves room for the whole write."""
+        if (writer := background.writer()) is None:
+            return
+        writer.check()
+        for done in writer.written():
+            if self.run_dir is None or not state.is_world_process_zero:
+                continue
+            step = step_of(Path(done.folder))
+            self.events.emit(CheckpointWritten(step=step, seconds=done.seconds, bytes=done.bytes, path=done.folder))
+            if self.progress.last_save_step == step:
+                self.progress.last_save_seconds = round((self.progress.last_save_seconds or 0) + done.seconds, 2)
 
     def _saved(self, args, state) -> None:
         if self._save_began is None or self.run_dir is None or not state.is_world_process_zero:
@@ -214,12 +240,14 @@ class ProgressCallback(TrainerCallback):
 
 def room_after(args, state, model) -> tuple[bool, str]:
     """The newest checkpoint's real size against the room the rest of the run needs: (fits, why)."""
-    from ..checkpoints import all_checkpoints, folder_bytes, free_disk
+    from ..checkpoints import all_checkpoints, folder_bytes, free_disk, unwritten_bytes
     from ..planner import disk
 
     out = Path(args.output_dir)
+    newest = out / f"checkpoint-{state.global_step}"
+    coming = unwritten_bytes(newest)  # written in the background: counted as if already on the disk
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
-    return disk.room_after_save(folder_bytes(out / f"checkpoint-{state.global_step}"), free_disk(str(out)),
+    return disk.room_after_save(folder_bytes(newest) + coming, free_disk(str(out)) - coming,
                       len(all_checkpoints(out)), args.save_total_limit,
                       disk.saves_left(state.global_step, state.max_steps, args.save_steps),
                       params * disk.weight_bytes(args.bf16))

@@ -51,6 +51,7 @@ def main(spec_path: str) -> int:
         if spec.mode == "train" and not stop.requested and not ended:
             trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
     except Exception as e:  # every failure is reported to the controller, then re-raised
+        _written_before_failing()
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
         report.status, report.error = ("oom" if oom else "failed"), f"{type(e).__name__}: {e}"
         if oom:
@@ -59,6 +60,17 @@ def main(spec_path: str) -> int:
         raise
     report.status = "stopped" if stop.requested else "ended" if ended else "done"
     return _finish(spec, report, on_gpu, 0)
+
+
+def _written_before_failing() -> None:
+    """A checkpoint still being written in the background is finished before a failed rank ends, so the failure
+    leaves it whole (a failed write's own error is the one already raised)."""
+    writer = patches.background.writer()
+    if writer is not None:
+        try:
+            writer.wait()
+        except OSError:
+            pass
 
 
 def _setup_distributed(timeout_s: int) -> bool:

@@ -145,6 +145,11 @@ class Settings:
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
+    save_background: str = _setting("auto", "Write each checkpoint while the steps go on: its tensors copied into "
+                                     "host memory kept for it (one checkpoint's size per node), its files written "
+                                     "from another thread and complete once renamed. true, false, or auto: on where "
+                                     "that memory fits in the host's with room to spare, off otherwise (the decision "
+                                     "says which).", choices=SWITCH)
     compile: str = _setting("auto", "torch.compile each decoder layer (TRL's torch_compile, accelerate's regional "
                             "compilation): true, false, or auto: on with ZeRO-1 and 2 on GPUs (on H200s the "
                             "defaults trained 12-18% faster so, the same loss and peak memory), off with ZeRO-3, "

@@ -10,7 +10,8 @@ planner, because each keeps a combination the planner needs: the alternative is 
     zero_step.py          DeepSpeed 0.19.8's ZeRO-1/2 step: the gradient norm in fp32, the optimizer's pass as one
                           (adamw.py)
     checkpoints.py        DeepSpeed's checkpoint engine: no CRC32 of each record, storages through a pinned ring
-                          (saving.py)
+                          (saving.py) or written while the steps go on (background.py); the Trainer's rotation
+                          keeping a complete checkpoint while the newest is written
     reads.py              the Trainer's step without waiting on the GPU for the numbers it logs
     universal.py          DeepSpeed 0.19's ZeRO-3 universal load: one Adam step count per sub-group
     seqpar.py             DeepSpeed's Ulysses batch adapter as the Trainer reads it
@@ -21,7 +22,7 @@ planner, because each keeps a combination the planner needs: the alternative is 
 from __future__ import annotations
 
 from ...handoff import RunSpec
-from . import checkpoints, flash_attention_4, masks, trl_head, zero_step
+from . import background, checkpoints, flash_attention_4, masks, trl_head, zero_step
 
 
 def apply(spec: RunSpec) -> None:
@@ -40,4 +41,6 @@ def apply(spec: RunSpec) -> None:
         trl_head.every_position_scored()
     trl_head.lm_head_tiles_kept(spec.head_tiles_kept_bytes)  # what the plan counted (planner/memory.py)
     checkpoints.checkpoints_without_crc32()
-    checkpoints.checkpoints_by_records()
+    checkpoints.checkpoints_by_records(background=spec.save_background)
+    if spec.save_background:
+        checkpoints.rotation_keeps_a_complete_one()

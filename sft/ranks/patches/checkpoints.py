@@ -4,6 +4,7 @@ copied through a small pinned ring (saving.py); each until torch changes (its "R
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 
 def checkpoints_without_crc32() -> None:
@@ -18,16 +19,20 @@ def checkpoints_without_crc32() -> None:
     config.save.compute_crc32 = False
 
 
-def checkpoints_by_records() -> None:
+def checkpoints_by_records(background: bool = False) -> None:
     """DeepSpeed's checkpoint engine writes its files through `saving.save` (the same file torch.save writes,
     each GPU storage copied through a small pinned ring into its record) instead of torch.save, which copies
     each GPU storage whole into new pageable memory, slower than the write itself (saving.py says why and what it
     gave). Only the zip format, DeepSpeed's default; its legacy format goes to torch.save as before. Remove
-    when torch.save copies GPU storages through bounded pinned memory itself."""
+    when torch.save copies GPU storages through bounded pinned memory itself. With `background`, the files are
+    written while the steps go on (background.py says why by hand)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
+    from . import background as written_later
     from . import saving
 
+    if background:
+        written_later.start()
     original = TorchCheckpointEngine.save
     if getattr(original, "by_records", False):
         return
@@ -36,7 +41,31 @@ def checkpoints_by_records() -> None:
     def save(self, state_dict, path: str):
         if not self.zipfile_serialization:
             return original(self, state_dict, path)
-        saving.save(state_dict, path)
+        saving.save(state_dict, path, written_later.writer())
 
     save.by_records = True
     TorchCheckpointEngine.save = save
+
+
+def rotation_keeps_a_complete_one() -> None:
+    """The Trainer's rotation (transformers' rotate_checkpoints) counts a checkpoint still being written as one it
+    keeps, and with SFT_SAVE_TOTAL_LIMIT=1 would delete the only complete one while the newest is written: a kill then
+    left nothing to resume from. Here a newest checkpoint that is not complete yet does not count. Remove when
+    transformers' rotation knows of checkpoints written after the save returns."""
+    import transformers.trainer
+
+    from ...checkpoints import all_checkpoints, problem
+
+    original = transformers.trainer.rotate_checkpoints
+    if getattr(original, "keeps_a_complete_one", False):
+        return
+
+    @functools.wraps(original)
+    def rotate(output_dir, save_total_limit=None, *args, **kwargs):
+        found = all_checkpoints(Path(output_dir))
+        if save_total_limit and found and problem(found[-1]) is not None:
+            save_total_limit += 1  # the newest is being written: the one before it is what a resume needs
+        return original(output_dir, save_total_limit, *args, **kwargs)
+
+    rotate.keeps_a_complete_one = True
+    transformers.trainer.rotate_checkpoints = rotate

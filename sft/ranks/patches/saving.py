@@ -24,8 +24,11 @@ import queue
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
+
+from ...checkpoints import WRITING
 
 log = logging.getLogger(__name__)
 
@@ -34,21 +37,30 @@ CHUNKS = 8  # the pinned ring: 512 MiB of host memory, pinned at the first save 
 WRITERS = 4  # pwrite calls at once; a tmpfs or an NVMe disk takes them in parallel
 
 
-def save(obj, path: str | os.PathLike) -> bool:
-    """Write `obj` to `path` as torch.save does. True where written by records; False where torch.save wrote it."""
+def save(obj, path: str | os.PathLike, writer=None) -> bool:
+    """Write `obj` to `path` as torch.save does. True where written by records; False where torch.save wrote it.
+    With a `writer` (background.Writer), the storages are copied out and written while the steps go on: the file
+    takes its name once whole."""
     path = os.fspath(path)
+    skeleton = os.path.join(os.path.dirname(path), WRITING, os.path.basename(path)) if writer is not None else path
     try:
         storages = _storages(obj)
         if any(s.device.type not in ("cpu", "cuda") for s in storages):
             raise ValueError("a storage on neither the host nor a CUDA device")
+        os.makedirs(os.path.dirname(skeleton) or ".", exist_ok=True)
         with torch.serialization.skip_data():
-            torch.save(obj, path)
-        offsets = _record_offsets(path, storages)
+            torch.save(obj, skeleton)
+        offsets = _record_offsets(skeleton, storages)
     except (RuntimeError, ValueError, TypeError, pickle.PicklingError) as error:  # skip_data refuses, or the
         # records do not match: torch.save writes it (and raises what it raises)
         log.warning("checkpoint %s written by torch.save as it is: %s", path, error)
+        if skeleton != path:
+            Path(skeleton).unlink(missing_ok=True)
         torch.save(obj, path)
         return False
+    if writer is not None:
+        writer.snapshot(storages, offsets, skeleton, path)
+        return True
     fd = os.open(path, os.O_WRONLY)
     try:
         _write(fd, storages, offsets)

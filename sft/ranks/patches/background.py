@@ -1,0 +1,236 @@
+"""Checkpoint files written while the steps go on: each storage copied into host memory kept for it (the snapshot),
+then written from a thread of its own.
+
+Why by hand: DeepSpeed's DecoupledCheckpointEngine hands the live tensors to a process that writes them through its
+FastFileWriter (the async_io op: libaio and O_DIRECT, which a tmpfs refuses), and it commits before the next
+optimizer step, so a write longer than one step's forward and backward still holds the steps. torch's asynchronous
+checkpointing (torch.distributed.checkpoint.async_save) writes its own format, which neither DeepSpeed's load nor
+the Trainer's resume reads. Here each file is the one torch.save writes (saving.py), copied out in about a second
+and written while the next steps run.
+
+A file takes its place only once whole: it is written into a .sft-writing folder beside it and moved at the end, so a
+checkpoint with such a file in it is not complete (sft/checkpoints.py): the uploader waits for it and a resume never picks it,
+and a killed process leaves a checkpoint that is plainly torn. One checkpoint is written at a time: a new save, the
+end of training and a stop wait for the one in flight (`wait`), and a write's failure (a full disk) is raised in the
+training's own thread at the next step (`check`), as the synchronous save raised it.
+
+The host memory is one checkpoint's size on this rank, taken in blocks of BLOCK_BYTES at the first save and kept
+(pinned where a GPU is there: a copy from pageable memory runs at a fraction of the speed); the planner counts it
+(planner/memory.py `snapshot_bytes`) and the preflight checks it against the host's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ...checkpoints import WRITING
+
+BLOCK_BYTES = 1 << 30  # the snapshot's blocks: a power of two, as torch's pinned allocator rounds each up to one
+WRITERS = 4  # pwrite calls at once (saving.py)
+
+
+@dataclass
+class Written:
+    """One checkpoint folder's files written by this rank."""
+
+    folder: str
+    seconds: float = 0.0  # from its first file's snapshot to its last file's rename
+    bytes: int = 0
+    files: int = 0
+    sealed: bool = False  # its save returned: no more files come for it
+    began: float = field(default_factory=time.monotonic)
+
+
+class Arena:
+    """The snapshot's host memory: blocks taken as the first checkpoint needs them, reused by the next ones."""
+
+    def __init__(self, pinned: bool):
+        self.pinned, self.blocks, self.used = pinned, [], []
+
+    def reset(self) -> None:
+        self.used = [0] * len(self.blocks)
+
+    def take(self, nbytes: int) -> list[torch.Tensor]:
+        """Pieces of host memory that hold `nbytes` together, in order (a storage may span blocks)."""
+        pieces = []
+        for i, block in enumerate(self.blocks):
+            if nbytes == 0:
+                break
+            room = block.numel() - self.used[i]
+            if room > 0:
+                size = min(room, nbytes)
+                pieces.append(block[self.used[i]:self.used[i] + size])
+                self.used[i] += size
+                nbytes -= size
+        while nbytes > 0:  # a small model's snapshot takes a small block: the next power of two, from 64 MiB
+            size = min(BLOCK_BYTES, max(1 << 26, 1 << (nbytes - 1).bit_length()))
+            self.blocks.append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned))
+            self.used.append(min(size, nbytes))
+            pieces.append(self.blocks[-1][:min(size, nbytes)])
+            nbytes -= min(size, nbytes)
+        return pieces
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.numel() for b in self.blocks)
+
+
+@dataclass
+class _File:
+    temporary: str
+    final: str
+    pieces: list  # (host tensor, offset in the file)
+    copied: object  # a CUDA event the copies were recorded on, or None
+    nbytes: int
+    folder: Written
+
+
+class Writer:
+    """The one thread that writes snapshots to their files, in the order they were taken."""
+
+    def __init__(self):
+        self.arena = Arena(pinned=torch.cuda.is_available())
+        self._queue: queue.Queue[_File] = queue.Queue()
+        self._lock = threading.Condition()  # guards what follows, shared with the writing thread
+        self._pending = 0
+        self._failure: BaseException | None = None
+        self._current: Written | None = None  # the checkpoint whose files are being taken or written
+        self._done: list[Written] = []
+        self.slower_s = 0.0  # each file waits this long before its rename (the tests' slow disk: sft/dev/faults.py)
+        threading.Thread(target=self._run, name="checkpoint-background", daemon=True).start()
+
+    def snapshot(self, storages: list[torch.UntypedStorage], offsets: list[int], temporary: str, final: str) -> None:
+        """Copy the storages into the arena (GPU copies queued on a side stream that the training's stream then
+        waits for, so no step changes them first) and queue their file for writing."""
+        parent = Path(final).parent  # checkpoint-N/global_stepN/FILE, or checkpoint-N/FILE
+        folder = str(parent if parent.name.startswith("checkpoint-") else parent.parent)
+        if self._current is None or self._current.folder != folder:
+            self.wait()  # a new checkpoint: the one in flight first, and its memory then serves this one
+            with self._lock:
+                self._current = Written(folder)
+        pieces, nbytes = [], 0
+        on_gpu = [s.device for s in storages if s.device.type == "cuda"]
+        stream = torch.cuda.Stream(on_gpu[0]) if on_gpu else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(on_gpu[0]))
+        for storage, offset in zip(storages, offsets):
+            data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            start = 0
+            for piece in self.arena.take(storage.nbytes()):
+                with torch.cuda.stream(stream) if storage.device.type == "cuda" else contextlib.nullcontext():
+                    piece.copy_(data[start:start + piece.numel()], non_blocking=storage.device.type == "cuda")
+                pieces.append((piece, offset + start))
+                start += piece.numel()
+            nbytes += storage.nbytes()
+        copied = None
+        if stream is not None:
+            copied = torch.cuda.Event()
+            copied.record(stream)
+            torch.cuda.current_stream(on_gpu[0]).wait_stream(stream)
+        with self._lock:
+            self._pending += 1
+        self._queue.put(_File(temporary, final, pieces, copied, nbytes, self._current))
+
+    def _run(self) -> None:
+        with ThreadPoolExecutor(WRITERS, thread_name_prefix="checkpoint-write") as writers:
+            while True:
+                job = self._queue.get()
+                try:
+                    if self._failure is None:
+                        self._write(job, writers)
+                    else:  # after a failed write the checkpoint is torn anyway: its other files go too
+                        Path(job.temporary).unlink(missing_ok=True)
+                except BaseException as error:  # a full disk, a folder gone: raised in the training's thread
+                    self._failure = error
+                    Path(job.temporary).unlink(missing_ok=True)  # what it wrote goes, so the disk has its room back
+                finally:
+                    with self._lock:
+                        self._pending -= 1
+                        self._settle()
+                        self._lock.notify_all()
+
+    def _write(self, job: _File, writers: ThreadPoolExecutor) -> None:
+        from .saving import _pwrite
+
+        if job.copied is not None:
+            job.copied.synchronize()
+        fd = os.open(job.temporary, os.O_WRONLY)
+        try:
+            for future in [writers.submit(_pwrite, fd, piece, offset) for piece, offset in job.pieces]:
+                future.result()
+        finally:
+            os.close(fd)
+        time.sleep(self.slower_s)
+        os.replace(job.temporary, job.final)
+        with contextlib.suppress(OSError):  # its folder goes with its last file
+            os.rmdir(os.path.dirname(job.temporary))
+        with self._lock:
+            done = job.folder
+            done.bytes, done.files = done.bytes + job.nbytes, done.files + 1
+            done.seconds = round(time.monotonic() - done.began, 2)
+
+    def _settle(self) -> None:
+        """Under the lock: a sealed checkpoint with nothing left to write is written."""
+        if self._pending == 0 and self._current is not None and self._current.sealed:
+            self._done.append(self._current)
+            self._current = None
+
+    def seal(self) -> None:
+        """The checkpoint's save returned: once its files are written, `written` tells of it."""
+        with self._lock:
+            if self._current is not None:
+                self._current.sealed = True
+                self._settle()
+
+    def writing(self) -> bool:
+        with self._lock:
+            return self._pending > 0
+
+    def wait(self) -> None:
+        """Until every queued file is written; then the arena is free for the next checkpoint. Raises a write's
+        failure."""
+        with self._lock:
+            while self._pending:
+                self._lock.wait()
+            if self._current is not None:
+                self._current.sealed = True
+                self._settle()
+        self.arena.reset()
+        self.check()
+
+    def check(self) -> None:
+        """Raise the failure of a write, once."""
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def written(self) -> list[Written]:
+        """The checkpoints whose files were all written since the last call."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+
+_writer: Writer | None = None
+
+
+def start() -> Writer:
+    """The writer of this process, from now on (patches.apply: where the run writes checkpoints in the background)."""
+    global _writer
+    if _writer is None:
+        _writer = Writer()
+    return _writer
+
+
+def writer() -> Writer | None:
+    """The writer, where this run writes its checkpoints in the background; None where it writes them at once."""
+    return _writer

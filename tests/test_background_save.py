@@ -1,0 +1,120 @@
+"""sft/ranks/patches/background.py: a checkpoint file written while the steps go on is torch.save's file, as the
+tensors were when the save was asked; it takes its name only once whole; one checkpoint is written at a time, in
+memory kept from the first. The jobs of tests/test_job.py save in the background by default (the planner's auto on
+CPU), so their resumes, stops, kills and full disks go through it; the kill and the stop during a slow write are
+below, and a GPU's copies in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sft import checkpoints
+from sft.ranks.patches import background, saving
+from sft.ranks.patches import checkpoints as checkpoint_patches
+from checkpoint_layout import make_checkpoint
+
+
+def state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    flat = torch.randn(9_000_000, generator=g)  # 36 MB: spans two of the arena's smallest blocks
+    return {"flat": flat, "view": flat[3:50], "bf16": torch.randn(300, 70, generator=g).bfloat16(), "n": 4}
+
+
+@pytest.fixture
+def crc32_off():
+    from torch.utils.serialization import config
+
+    before = config.save.compute_crc32
+    config.save.compute_crc32 = False  # as the ranks save (checkpoints.checkpoints_without_crc32)
+    yield
+    config.save.compute_crc32 = before
+
+
+def test_the_file_is_the_tensors_as_they_were_when_saved(tmp_path, crc32_off):
+    writer = background.Writer()
+    folder = tmp_path / "checkpoint-5" / "global_step5"
+    folder.mkdir(parents=True)
+    obj = state(0)
+    expected = state(0)  # the same tensors, as they are before the step below changes obj's
+    assert saving.save(obj, folder / "optim.pt", writer) is True
+    obj["flat"].add_(1.0)  # the next optimizer step, before the file is written
+    writer.wait()
+    back = torch.load(folder / "optim.pt", weights_only=False)
+    assert torch.equal(back["flat"], expected["flat"]) and torch.equal(back["bf16"], expected["bf16"])
+    assert back["view"].untyped_storage().data_ptr() == back["flat"].untyped_storage().data_ptr()
+    (tmp_path / "ref").mkdir()  # the same name: torch.save writes it into the file
+    torch.save(expected, tmp_path / "ref" / "optim.pt")
+    assert (folder / "optim.pt").read_bytes() == (tmp_path / "ref" / "optim.pt").read_bytes()
+    assert not list(tmp_path.rglob(checkpoints.WRITING))
+    [done] = writer.written()
+    assert done.folder == str(tmp_path / "checkpoint-5") and done.files == 1 and done.bytes > 36_000_000
+
+
+def test_a_file_being_written_keeps_its_checkpoint_incomplete(tmp_path):
+    writer = background.Writer()
+    writer.slower_s = 1.0
+    out = tmp_path / "out"
+    make_checkpoint(out, 10, ranks=1)
+    assert checkpoints.problem(out / "checkpoint-10") is None
+    shard = out / "checkpoint-10" / "global_step10" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    shard.unlink()
+    saving.save(state(1), shard, writer)
+    assert checkpoints.problem(out / "checkpoint-10") == (
+        "still being written (zero_pp_rank_0_mp_rank_00_optim_states.pt)")
+    assert checkpoints.unwritten_bytes(out / "checkpoint-10") > 30_000_000  # counted before it is on the disk
+    assert checkpoints.latest_complete(out) is None
+    writer.wait()
+    assert checkpoints.problem(out / "checkpoint-10") is None
+    assert checkpoints.unwritten_bytes(out / "checkpoint-10") == 0
+
+
+def test_one_checkpoint_at_a_time_in_the_same_memory(tmp_path):
+    writer = background.Writer()
+    for step in (1, 2, 3):
+        folder = tmp_path / f"checkpoint-{step}" / f"global_step{step}"
+        folder.mkdir(parents=True)
+        saving.save(state(step), folder / "a.pt", writer)
+        saving.save(state(step + 10), folder / "b.pt", writer)  # the same checkpoint: no wait between them
+        if step == 1:
+            kept = writer.arena.bytes
+    writer.wait()
+    assert writer.arena.bytes == kept  # the second and third took the first's memory
+    assert [d.folder for d in writer.written()] == [str(tmp_path / f"checkpoint-{s}") for s in (1, 2, 3)]
+    for step in (1, 2, 3):
+        back = torch.load(tmp_path / f"checkpoint-{step}" / f"global_step{step}" / "b.pt", weights_only=False)
+        assert torch.equal(back["flat"], state(step + 10)["flat"])
+
+
+def test_a_failed_write_is_raised_in_the_training_thread_and_leaves_no_file(tmp_path):
+    writer = background.Writer()
+    writer.slower_s = 0.5
+    folder = tmp_path / "checkpoint-7" / "global_step7"
+    folder.mkdir(parents=True)
+    saving.save(state(2), folder / "optim.pt", writer)
+    for skeleton in (folder / checkpoints.WRITING).iterdir():  # taken away under the writer
+        skeleton.unlink()
+    try:
+        writer.wait()
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("the failed write was not raised")
+    writer.check()  # raised once
+    assert not any(folder.rglob("*.pt"))
+
+
+def test_rotation_keeps_the_complete_checkpoint_while_the_newest_is_written(tmp_path):
+    import transformers.trainer
+
+    checkpoint_patches.rotation_keeps_a_complete_one()
+    out = tmp_path / "out"
+    make_checkpoint(out, 10, ranks=1)
+    make_checkpoint(out, 20, ranks=1)
+    (out / "checkpoint-20" / checkpoints.WRITING).mkdir()
+    (out / "checkpoint-20" / checkpoints.WRITING / "latest").write_text("")  # still being written
+    transformers.trainer.rotate_checkpoints(output_dir=str(out), save_total_limit=1, use_mtime=False)
+    assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-10", "checkpoint-20"]
+    (out / "checkpoint-20" / checkpoints.WRITING / "latest").unlink()
+    transformers.trainer.rotate_checkpoints(output_dir=str(out), save_total_limit=1, use_mtime=False)
+    assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-20"]
