@@ -4,7 +4,11 @@ the job's writer (sft/ranks/patches/saving.py) in turns, A/B/A/B; with --pieces,
 copy off the GPU, the write, torch's use_pinned_memory_for_d2h off and on). Prints one line per figure and
 writes them as JSON.
 
-    python scripts/bench_checkpoint_save.py FOLDER [--params 4022468096] [--pieces] [--json OUT.json]
+    python scripts/bench_checkpoint_save.py FOLDER [--params 4022468096] [--pieces | --background] [--json OUT.json]
+
+With --background, the job's writer in the background (sft/ranks/patches/background.py), three turns: how long the
+steps are held (the save's return and the GPU's copy into host memory), how long the files take to be written
+behind them, and bf16 matrix products' speed alone and while the files are written (a step's work going on).
 
 FOLDER is where the files are written (a tmpfs to leave the disk out); it needs 14 bytes x params free, and
 the host twice that in memory. Figures: docs/speed.md, 2026-12-03.
@@ -31,6 +35,7 @@ def main() -> None:
     parser.add_argument("folder")
     parser.add_argument("--params", type=int, default=4_022_468_096, help="elements per tensor (Qwen3-4B's)")
     parser.add_argument("--pieces", action="store_true", help="where torch.save's time goes, piece by piece")
+    parser.add_argument("--background", action="store_true", help="the job's writer in the background")
     parser.add_argument("--json", default="", help="also write the figures here")
     args = parser.parse_args()
     os.makedirs(args.folder, exist_ok=True)
@@ -55,6 +60,11 @@ def main() -> None:
     master = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
     moment = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
     config.save.compute_crc32 = False  # as the job saves (sft/ranks/patches/)
+    if args.background:
+        state = {"module": weights, "fp32": master, "exp_avg": moment,
+                 "exp_avg_sq": torch.empty_like(moment).normal_()}
+        background_turns(args.folder, state, figures)
+        return finish(args, figures, n)
     if not args.pieces:  # the same ZeRO-2-sized state in one file, the job's writer against torch.save
         state = {"module": weights, "fp32": master, "exp_avg": moment,
                  "exp_avg_sq": torch.empty_like(moment).normal_()}
@@ -84,6 +94,44 @@ def main() -> None:
     timed(f"torch.save {gb:.1f} GB fp32 from the GPU, CRC32 off", lambda: save({"t": master}))
     timed(f"torch.save {gb / 2:.1f} GB bf16 from the GPU, CRC32 off", lambda: save({"t": weights}))
     finish(args, figures, n)
+
+
+def background_turns(folder: str, state: dict, figures: dict) -> None:
+    """Three saves through the background writer; the steps' stand-in (bf16 products) timed alone and during each
+    write."""
+    from sft.ranks.patches import background
+
+    writer = background.Writer()
+    size = sum(t.numel() * t.element_size() for t in state.values()) / 1e9
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+
+    def products(seconds: float) -> float:  # TFLOP/s of back-to-back products for about `seconds`
+        torch.cuda.synchronize()
+        began, count = time.perf_counter(), 0
+        while time.perf_counter() - began < seconds:
+            for _ in range(20):
+                a @ a
+            torch.cuda.synchronize()
+            count += 20
+        return round(count * 2 * 8192**3 / (time.perf_counter() - began) / 1e12, 1)
+
+    figures["products alone, TFLOP/s"] = products(3.0)
+    for turn in range(1, 4):
+        path = os.path.join(folder, f"checkpoint-{turn}", f"global_step{turn}", "optim.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        saving.save(state, path, writer)
+        torch.cuda.synchronize()  # the training's stream waits for the copy: the steps are held this long
+        held = time.perf_counter() - began
+        during = products(2.0)
+        writer.wait()
+        written = time.perf_counter() - began
+        key = f"turn {turn}: {size:.1f} GB"
+        figures[key] = {"steps held s": round(held, 2), "written s": round(written, 2),
+                        "products during the write, TFLOP/s": during, "arena GB": round(writer.arena.bytes / 1e9, 1)}
+        print(f"{key}: {figures[key]}", flush=True)
+        os.remove(path)
 
 
 def finish(args, figures: dict, n: int) -> None:

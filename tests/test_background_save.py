@@ -118,3 +118,37 @@ def test_rotation_keeps_the_complete_checkpoint_while_the_newest_is_written(tmp_
     (out / "checkpoint-20" / checkpoints.WRITING / "latest").unlink()
     transformers.trainer.rotate_checkpoints(output_dir=str(out), save_total_limit=1, use_mtime=False)
     assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-20"]
+
+
+@pytest.fixture
+def process_writer():
+    """The process's writer, as a rank with background saves has it, and none again after the test."""
+    yield background.start()
+    background._writer = None
+
+
+def test_a_checkpoints_safetensors_written_in_the_background_is_read_by_safetensors(tmp_path, process_writer):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    import transformers.modeling_utils
+
+    checkpoint_patches.checkpoint_weights_in_background()
+    writer = process_writer
+    tensors = {"b.weight": torch.randn(30, 7).bfloat16(), "a.bias": torch.arange(5, dtype=torch.int64),
+               "mask": torch.tensor([True, False]), "empty": torch.empty(0, 3), "t": torch.randn(4, 6).t()}
+    expected = {k: v.clone() for k, v in tensors.items()}
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    transformers.modeling_utils.safe_save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tensors["b.weight"].add_(1)  # the next step
+    assert checkpoints.problem(folder) in ("no trainer_state.json",)  # a Trainer's folder before its state
+    writer.wait()
+    back = load_file(folder / "model.safetensors")
+    assert back.keys() == expected.keys() and all(torch.equal(back[k], expected[k]) for k in expected)
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    (tmp_path / "final").mkdir()  # the final model: written at once, by safetensors itself
+    final = {k: v.contiguous() for k, v in expected.items()}  # as save_pretrained hands them over
+    transformers.modeling_utils.safe_save_file(final, str(tmp_path / "final" / "model.safetensors"))
+    assert (tmp_path / "final" / "model.safetensors").is_file() and not (tmp_path / "final" / checkpoints.WRITING).exists()

@@ -175,6 +175,36 @@ def test_a_checkpoint_written_from_the_gpu_is_torch_saves_byte_for_byte(tmp_path
         config.save.compute_crc32 = before
 
 
+def test_a_checkpoint_written_in_the_background_from_the_gpu_is_the_tensors_as_saved(tmp_path):
+    """sft/ranks/patches/background.py: GPU storages copied into pinned host memory after the work queued on them,
+    the training's stream made to wait for the copy (a step queued right after the save cannot change what is
+    written), the file torch.save's byte for byte, the memory pinned once and reused."""
+    from torch.utils.serialization import config
+
+    from sft.ranks.patches import background, saving
+
+    before, config.save.compute_crc32 = config.save.compute_crc32, False  # as the ranks save
+    try:
+        writer = background.Writer()
+        flat = torch.randn(40_000_000, device="cuda")
+        obj = {"flat": flat, "view": flat[3:9], "bf16": torch.randn(1000, 999, device="cuda").bfloat16(), "step": 5}
+        kept = []
+        for turn in range(2):
+            folder = tmp_path / f"checkpoint-{turn}" / f"global_step{turn}"
+            folder.mkdir(parents=True), (tmp_path / f"b{turn}").mkdir()
+            flat.mul_(1.5).add_(turn)  # queued, not finished, when the save starts
+            expected = tmp_path / f"b{turn}" / "states.pt"
+            torch.save(obj, expected)
+            assert saving.save(obj, folder / "states.pt", writer) is True
+            flat.add_(100.0)  # the next step, queued at once: after the copy
+            writer.wait()
+            assert (folder / "states.pt").read_bytes() == expected.read_bytes()
+            kept.append(writer.arena.bytes)
+        assert kept[0] == kept[1] > 0 and writer.arena.pinned
+    finally:
+        config.save.compute_crc32 = before
+
+
 def test_the_zero_step_in_one_pass_compiled_is_torchs_fused_adamw():
     """sft/ranks/patches/adamw.py compiled on the GPU (as the job runs it under ZeRO-1/2) against torch's fused AdamW on
     the same fp32 master weights, from the bf16 gradients cast and clipped as DeepSpeed does, over three steps

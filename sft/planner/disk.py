@@ -57,12 +57,10 @@ def checkpoint_bytes_per_param(bf16: bool, zero: int, optimizer: str) -> tuple[f
 
 def snapshot_bytes(total_params: int | None, bf16: bool, zero: int, optimizer: str, nodes: int = 1) -> int | None:
     """Host memory one node's ranks keep for a checkpoint written in the background (ranks/patches/background.py):
-    DeepSpeed's files of one checkpoint (the Trainer's own safetensors copy of the weights is written at once)."""
+    one checkpoint's files (DeepSpeed's and the Trainer's model.safetensors)."""
     if total_params is None:
         return None
     per_param, _ = checkpoint_bytes_per_param(bf16, zero, optimizer)
-    if zero < 3:
-        per_param -= weight_bytes(bf16)  # model.safetensors: not in the snapshot
     return int(total_params * per_param / max(nodes, 1))
 
 

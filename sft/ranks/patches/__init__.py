@@ -10,8 +10,9 @@ planner, because each keeps a combination the planner needs: the alternative is 
     zero_step.py          DeepSpeed 0.19.8's ZeRO-1/2 step: the gradient norm in fp32, the optimizer's pass as one
                           (adamw.py)
     checkpoints.py        DeepSpeed's checkpoint engine: no CRC32 of each record, storages through a pinned ring
-                          (saving.py) or written while the steps go on (background.py); the Trainer's rotation
-                          keeping a complete checkpoint while the newest is written
+                          (saving.py) or written while the steps go on (background.py, weights.py for the
+                          Trainer's model.safetensors); the Trainer's rotation keeping a complete checkpoint
+                          while the newest is written
     reads.py              the Trainer's step without waiting on the GPU for the numbers it logs
     universal.py          DeepSpeed 0.19's ZeRO-3 universal load: one Adam step count per sub-group
     seqpar.py             DeepSpeed's Ulysses batch adapter as the Trainer reads it
@@ -44,3 +45,4 @@ def apply(spec: RunSpec) -> None:
     checkpoints.checkpoints_by_records(background=spec.save_background)
     if spec.save_background:
         checkpoints.rotation_keeps_a_complete_one()
+        checkpoints.checkpoint_weights_in_background()

@@ -108,9 +108,10 @@ class Writer:
         self.slower_s = 0.0  # each file waits this long before its rename (the tests' slow disk: sft/dev/faults.py)
         threading.Thread(target=self._run, name="checkpoint-background", daemon=True).start()
 
-    def snapshot(self, storages: list[torch.UntypedStorage], offsets: list[int], temporary: str, final: str) -> None:
-        """Copy the storages into the arena (GPU copies queued on a side stream that the training's stream then
-        waits for, so no step changes them first) and queue their file for writing."""
+    def snapshot(self, sources: list[torch.Tensor], offsets: list[int], temporary: str, final: str) -> None:
+        """Copy the sources (each a tensor's bytes: 1-D uint8) into the arena, GPU copies queued on a side stream
+        that the training's stream then waits for (no step changes them first), and queue their file for writing
+        at `offsets` in `temporary` (made already, of its final size), which then moves to `final`."""
         parent = Path(final).parent  # checkpoint-N/global_stepN/FILE, or checkpoint-N/FILE
         folder = str(parent if parent.name.startswith("checkpoint-") else parent.parent)
         if self._current is None or self._current.folder != folder:
@@ -118,19 +119,18 @@ class Writer:
             with self._lock:
                 self._current = Written(folder)
         pieces, nbytes = [], 0
-        on_gpu = [s.device for s in storages if s.device.type == "cuda"]
+        on_gpu = [s.device for s in sources if s.device.type == "cuda"]
         stream = torch.cuda.Stream(on_gpu[0]) if on_gpu else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(on_gpu[0]))
-        for storage, offset in zip(storages, offsets):
-            data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            start = 0
-            for piece in self.arena.take(storage.nbytes()):
-                with torch.cuda.stream(stream) if storage.device.type == "cuda" else contextlib.nullcontext():
-                    piece.copy_(data[start:start + piece.numel()], non_blocking=storage.device.type == "cuda")
+        for data, offset in zip(sources, offsets):
+            start, gpu = 0, data.device.type == "cuda"
+            for piece in self.arena.take(data.numel()):
+                with torch.cuda.stream(stream) if gpu else contextlib.nullcontext():
+                    piece.copy_(data[start:start + piece.numel()], non_blocking=gpu)
                 pieces.append((piece, offset + start))
                 start += piece.numel()
-            nbytes += storage.nbytes()
+            nbytes += data.numel()
         copied = None
         if stream is not None:
             copied = torch.cuda.Event()

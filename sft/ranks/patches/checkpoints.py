@@ -69,3 +69,28 @@ def rotation_keeps_a_complete_one() -> None:
 
     rotate.keeps_a_complete_one = True
     transformers.trainer.rotate_checkpoints = rotate
+
+
+def checkpoint_weights_in_background() -> None:
+    """transformers' save_pretrained writes a checkpoint's model.safetensors through weights.py, in the background
+    beside DeepSpeed's files; the final model (final/) as before. Remove when safetensors writes without holding
+    the GIL from bounded pinned memory (weights.py says why)."""
+    import transformers.modeling_utils
+
+    from ...checkpoints import CHECKPOINT
+    from . import background as written_later
+    from . import weights
+
+    original = transformers.modeling_utils.safe_save_file
+    if getattr(original, "in_background", False):
+        return
+
+    @functools.wraps(original)
+    def save_file(tensors, filename, metadata=None):
+        writer = written_later.writer()
+        if writer is None or not CHECKPOINT.match(Path(filename).parent.name):
+            return original(tensors, filename, metadata=metadata)
+        weights.save_file(tensors, str(filename), metadata, writer)
+
+    save_file.in_background = True
+    transformers.modeling_utils.safe_save_file = save_file

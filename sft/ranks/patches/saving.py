@@ -59,7 +59,7 @@ def save(obj, path: str | os.PathLike, writer=None) -> bool:
         torch.save(obj, path)
         return False
     if writer is not None:
-        writer.snapshot(storages, offsets, skeleton, path)
+        writer.snapshot([_bytes(s) for s in storages], offsets, skeleton, path)
         return True
     fd = os.open(path, os.O_WRONLY)
     try:
