@@ -111,6 +111,7 @@ class RunSpec(Record):
     hold_at: int = 0
     verdict_file: str = ""
     save_background: bool = False  # checkpoints written while the steps go on (ranks/patches/background.py)
+    snapshot_bytes: int = 0  # the host memory each rank takes ahead for them (its share of planner/disk.py's figure)
 
     @property
     def probes(self) -> bool:

@@ -73,7 +73,8 @@ def _saved_in_background(inputs: Inputs, d: Decision) -> Decision:
                                     d.ranks.nodes)
     on, why = rules.save_background(inputs.settings, inputs.machine, d.ranks, snapshot,
                                     d.row.host if d.offload else None)
-    return _replace(d, save_background=on, reasons={**d.reasons, "save_background": why})
+    return _replace(d, save_background=on, snapshot_bytes=(snapshot or 0) if on else 0,
+                    reasons={**d.reasons, "save_background": why})
 
 
 def _with_data(inputs: Inputs, d: Decision) -> Decision:

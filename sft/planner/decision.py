@@ -40,6 +40,7 @@ class Decision:
     model_revision: str | None = None  # the model's commit, as resolved at start
     probe_goes_on: bool = False  # the probe is the training's launch, which goes on after its steps (rules.py)
     save_background: bool = False  # checkpoints written while the steps go on (ranks/patches/background.py)
+    snapshot_bytes: int = 0  # the host memory a node keeps for that (planner/disk.py)
 
     @property
     def offload(self) -> bool:

@@ -162,7 +162,7 @@ def save_background(s: Settings, m: Machine, ranks: Ranks, snapshot_bytes: int |
     if snapshot_bytes is None or m.host_memory_bytes is None:
         return False, "off, auto: the host's memory or the checkpoint's size is not known here"
     room = (m.host_memory_bytes - (offload_bytes or 0)) * SNAPSHOT_HOST_SHARE
-    shown = f"a checkpoint's snapshot takes {snapshot_bytes / GIB:.1f} GiB of host memory per node"
+    shown = f"a checkpoint's snapshot takes {snapshot_bytes / GIB:.3g} GiB of host memory per node"
     if snapshot_bytes > room:
         return False, (f"off, auto: {shown}, over {SNAPSHOT_HOST_SHARE:.0%} of the {room / SNAPSHOT_HOST_SHARE / GIB:.1f}"
                        " GiB left to it; the steps wait for each save (SFT_SAVE_BACKGROUND=true writes in the "

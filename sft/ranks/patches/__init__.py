@@ -42,7 +42,7 @@ def apply(spec: RunSpec) -> None:
         trl_head.every_position_scored()
     trl_head.lm_head_tiles_kept(spec.head_tiles_kept_bytes)  # what the plan counted (planner/memory.py)
     checkpoints.checkpoints_without_crc32()
-    checkpoints.checkpoints_by_records(background=spec.save_background)
+    checkpoints.checkpoints_by_records(background=spec.save_background, reserve_bytes=spec.snapshot_bytes)
     if spec.save_background:
         checkpoints.rotation_keeps_a_complete_one()
         checkpoints.checkpoint_weights_in_background()

@@ -19,20 +19,20 @@ def checkpoints_without_crc32() -> None:
     config.save.compute_crc32 = False
 
 
-def checkpoints_by_records(background: bool = False) -> None:
+def checkpoints_by_records(background: bool = False, reserve_bytes: int = 0) -> None:
     """DeepSpeed's checkpoint engine writes its files through `saving.save` (the same file torch.save writes,
     each GPU storage copied through a small pinned ring into its record) instead of torch.save, which copies
     each GPU storage whole into new pageable memory, slower than the write itself (saving.py says why and what it
     gave). Only the zip format, DeepSpeed's default; its legacy format goes to torch.save as before. Remove
     when torch.save copies GPU storages through bounded pinned memory itself. With `background`, the files are
-    written while the steps go on (background.py says why by hand)."""
+    written while the steps go on (background.py says why by hand), their memory (`reserve_bytes`) taken ahead."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
     from . import background as written_later
     from . import saving
 
     if background:
-        written_later.start()
+        written_later.start(reserve_bytes)
     original = TorchCheckpointEngine.save
     if getattr(original, "by_records", False):
         return
