@@ -132,4 +132,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_dir=str(paths.run),
         sequence_parallel=d.sequence_parallel, head_tiles_kept_bytes=d.row.head_kept, hold_at=hold_at,
         verdict_file=str(paths.verdict_file) if hold_at else "",
+        save_seconds=(s.save_seconds or 0.0) if mode == "train" else 0.0,
         attention_lock=str(paths.attention_lock.absolute()) if d.attention == "flash_attention_4" else "")
