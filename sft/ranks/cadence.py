@@ -41,6 +41,6 @@ class SaveClock:
         """After every checkpoint (by time, at a stop, or at the end): the next is an interval from now."""
         self.started()
 
-    def last_step(self, step: int, max_steps: int) -> bool:
+    def last_step(self, state) -> bool:
         """The run's last step saves (and evaluates) by time too, as the Trainer's steps strategy does at its end."""
-        return self.on and step >= max_steps
+        return self.on and state.global_step >= state.max_steps

@@ -125,7 +125,7 @@ class ProgressCallback(TrainerCallback):
             for name, value in flags.items():  # the probe's timed evaluation clears the step's own log and evaluation
                 setattr(control, name, value)
         stop, save_due = self.stop.agree(lagged=True, save_due=self.clock.ask(state.global_step))
-        if save_due or self.clock.last_step(state.global_step, state.max_steps):
+        if save_due or self.clock.last_step(state):
             control.should_save = True
             control.should_evaluate = control.should_evaluate or self.clock.evaluates
         if stop:
