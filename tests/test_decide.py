@@ -669,3 +669,10 @@ def test_auto_leaves_the_layers_uncompiled_where_memory_moves_it_to_zero_3():
     assert d.reasons["liger"].startswith("on, auto on GPUs")
     two = decided(shape=Q8, machine=dataclasses.replace(roomy, gpus=(H200,) * 2))
     assert (two.stage.name, two.compile, two.liger) == ("2", True, False)
+
+
+def test_checkpoints_by_time_are_as_many_steps_apart_as_fill_the_interval():
+    assert disk.steps_between_saves(200, None, 0.47) == 200  # SFT_SAVE_STEPS
+    assert disk.steps_between_saves(None, 1800.0, 0.4705) == 3826  # rounded up: the interval is the least between
+    assert disk.steps_between_saves(None, 1.0, 5.0) == 1  # a step longer than the interval: each step
+    assert disk.steps_between_saves(None, 1800.0, None) == 1  # speed unknown: the most checkpoints there can be

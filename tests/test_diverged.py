@@ -143,13 +143,15 @@ def test_the_check_runs_before_every_save():
     import torch
     from transformers import TrainerControl
 
+    from sft.ranks.cadence import SaveClock
     from sft.ranks.progress import LossNotFinite, ProgressCallback
 
     callback = ProgressCallback.__new__(ProgressCallback)
     callback.trainer = SimpleNamespace(_tr_loss=torch.tensor(float("nan")), _total_train_tokens=0)
     callback.report = SimpleNamespace(steps=[], first_step_wall=None, eval_seconds=0.0, held_seconds=0.0)
     callback.hold = None  # a training launch that is not also the probe
-    callback.stop = SimpleNamespace(agreed=lambda lagged=False: False)
+    callback.stop = SimpleNamespace(agree=lambda lagged=False, save_due=False: (False, False))
+    callback.clock = SaveClock()  # by the Trainer's steps: it decided the save below
     callback._write_progress = lambda *a, **k: None  # the progress file: not what is tested here
     state = SimpleNamespace(global_step=5, is_world_process_zero=False)
     callback.on_step_end(SimpleNamespace(save_strategy="steps"), state, TrainerControl())  # no save: no check

@@ -88,7 +88,7 @@ def test_the_start_is_split_at_the_ranks_training_loop():
     assert "training loop" not in probe.table(probe.figures([main], SETTINGS))  # no start given: no split
 
 
-def one_epoch(save_steps: int, save_seconds: float) -> dict:
+def one_epoch(save_steps: int | None, save_seconds: float, **settings) -> dict:
     """Figures of a probe like an H200's on Qwen3-4B (2026-12-03): 0.4705 s a step, 2,073 steps an epoch."""
     from sft.planner.budget import Overheads
 
@@ -96,7 +96,7 @@ def one_epoch(save_steps: int, save_seconds: float) -> dict:
     main = RankReport.from_dict({"mode": "probe", "rank": 0, "world_size": 1, "peak_reserved_bytes": 108 * GIB,
                                  "device": "NVIDIA H200", "steps_per_epoch": 2073, "global_step": 50,
                                  "steps": steps, "train_began": 100.0})
-    return probe.figures([main], Settings(max_steps=-1, epochs=1.0, save_steps=save_steps),
+    return probe.figures([main], Settings(max_steps=-1, epochs=1.0, save_steps=save_steps, **settings),
                          Overheads(save_seconds=save_seconds, final_seconds=16.1))
 
 
@@ -120,3 +120,16 @@ def test_the_checkpoints_share_of_the_run_is_shown_and_a_large_one_says_what_sav
     row = checkpoints_row(one_epoch(1000, 20.0))  # 3 saves: 6% of the run, nothing to say
     assert row.split("of which checkpoints", 1)[1].strip() == "0.017 (3 x about 20 s, estimated: 6% of the run; " \
                                                                "each as long as 43 steps)"
+
+
+def test_checkpoints_by_time_are_counted_from_the_probes_speed():
+    """The default cadence: a checkpoint each SFT_UPLOAD_MINUTES (30) of training. At 0.4705 s a step that is 3,826
+    steps, more than the epoch's 2,073: the one at the end alone. Every minute: 128 steps apart, 16 and the last."""
+    assert one_epoch(None, 128.8)["saves"] == 1
+    fig = one_epoch(None, 30.0, save_minutes=1.0)
+    assert (fig["saves"], fig["save_minutes"]) == (17, 1.0)
+    assert fig["save_hours"] == round(17 * 30.0 / 3600, 3)
+    # 30 s each, 638 steps' worth at 10%: the hint speaks of the setting the run uses
+    assert checkpoints_row(fig).endswith("SFT_SAVE_MINUTES=6 would make them about 10% of the steps' time, a "
+                                         "checkpoint every 6 min (what a lost machine can cost)")
+    assert one_epoch(None, 30.0, upload_minutes=1.0)["saves"] == 17  # the upload's interval is the default's

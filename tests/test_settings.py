@@ -15,7 +15,9 @@ from sft.settings import Settings, SettingsError, describe, from_env
 def test_no_variables_gives_the_seed_job_with_fast_settings(isolated_env):
     s = from_env({})
     assert (s.model, s.dataset, s.dataset_split) == ("Qwen/Qwen3-8B", "trl-lib/Capybara", "train")
-    assert (s.max_length, s.epochs, s.learning_rate, s.save_steps, s.save_total_limit) == (2048, 1.0, 1e-5, 200, 2)
+    assert (s.max_length, s.epochs, s.learning_rate, s.save_total_limit) == (2048, 1.0, 1e-5, 2)
+    # checkpoints by time, as often as the uploader sends one (issue 42): none saved only to be deleted unseen
+    assert (s.save_steps, s.save_minutes, s.upload_minutes, s.save_seconds) == (None, None, 30.0, 1800.0)
     # the seed's micro-batch 1 x accumulation 4 of padded conversations, as 8,192 tokens a step: 4 packed rows
     # of 2048 (the decision splits them, tests/test_decide.py; docs/speed.md)
     assert (s.packing, s.tokens_per_step, s.micro_batch, s.grad_accum) == (True, 8192, None, None)
@@ -180,6 +182,19 @@ def test_liger_kernels_are_refused_with_a_compiled_model(isolated_env):
                for p in e.value.problems), e.value.problems
     from_env({"SFT_LIGER_KERNELS": "false", "SFT_COMPILE": "true"})  # either alone is fine
     from_env({"SFT_LIGER_KERNELS": "auto", "SFT_COMPILE": "true"})
+
+
+def test_checkpoints_go_by_the_upload_interval_unless_minutes_or_steps_say_otherwise(isolated_env):
+    assert from_env({"SFT_UPLOAD_MINUTES": "12"}).save_seconds == 720.0  # no Hub repo: the same default
+    assert from_env({"SFT_UPLOAD_MINUTES": "12", "SFT_SAVE_MINUTES": "0.5"}).save_seconds == 30.0
+    by_steps = from_env({"SFT_SAVE_STEPS": "50"})
+    assert (by_steps.save_steps, by_steps.save_seconds) == (50, None)
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_SAVE_MINUTES": "10", "SFT_SAVE_STEPS": "50", "SFT_SAVE_TOTAL_LIMIT": "0"})
+    assert "SFT_SAVE_MINUTES='10.0': not with SFT_SAVE_STEPS=50: checkpoints are saved by time or by steps; unset " \
+           "one of them" in e.value.problems
+    assert any(p.startswith("SFT_SAVE_TOTAL_LIMIT=") for p in e.value.problems)  # with the others, at once
+    assert any(p.startswith("SFT_SAVE_MINUTES='0': ") for p in problems_of({"SFT_SAVE_MINUTES": "0"}))
 
 
 def test_a_split_row_asks_for_unpacked_rows_sdpa_and_a_length_it_divides(isolated_env):

@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from ..handoff import RankReport
+from ..planner import disk
 from ..planner.budget import Overheads, Projection
 from ..settings import Settings
 from ..units import gib
@@ -68,7 +69,7 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
     """Probe figures from the ranks' reports (rank 0 holds the step times); `overheads`: what the run spends
     besides its steps (saves, the final model), for the projection; started_at: when the job began
     (time.time()), for the seconds a user waits until the first step; eval_every: the run evaluates every
-    this many steps and at the end (None: it does not)."""
+    this many steps and at the end (0: with each checkpoint saved by time; None: it does not)."""
     reports = sorted(reports, key=lambda r: r.rank)
     main = reports[0]
     out: dict[str, Any] = {
@@ -80,11 +81,13 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
     }
     if any(r.alloc_retries is not None for r in reports):
         out["alloc_retries"] = [r.alloc_retries or 0 for r in reports]
+    rates = steady_rates(main.steps)
+    out.update(rates or {})
+    if eval_every == 0:  # with each checkpoint saved by time: as many steps apart as they are
+        eval_every = save_every(s, out.get("seconds_per_step"))
     if eval_every and main.eval_seconds_per_batch is not None:
         out.update(eval_every=eval_every, eval_batches=main.eval_batches,
                    eval_seconds_per_batch=main.eval_seconds_per_batch)
-    rates = steady_rates(main.steps)
-    out.update(rates or {})
     if (warmup := warmup_seconds(main, rates)) is not None:
         out["warmup_seconds"] = warmup
     if started_at is not None and main.first_step_wall is not None:
@@ -96,6 +99,8 @@ def figures(reports: list[RankReport], s: Settings, overheads: Overheads | None 
                    other_hours=round((p.seconds() - p.train_seconds()) / 3600, 3), projected_hours=round(p.hours(), 3),
                    saves=p.saves(), save_seconds_each=round(p.save_seconds, 1),
                    save_hours=round(p.save_seconds_of() / 3600, 3))
+        if s.save_seconds is not None:
+            out["save_minutes"] = round(s.save_seconds / 60, 3)
         if p.price_per_hour:
             out["projected_cost"] = round(p.cost(), 2)
         passes, evals = eval_seconds(out, p.total_steps)
@@ -113,8 +118,14 @@ def projection(fig: dict[str, Any], s: Settings, overheads: Overheads, max_steps
     total = max_steps or (s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * fig["steps_per_epoch"]))
     # the training launch pays the warm-up again, less what the compile cache saves (not counted: the safe side)
     passes, evals = eval_seconds(fig, total)
-    return Projection(total, fig["seconds_per_step"], s.save_steps, overheads.save_seconds, overheads.final_seconds,
-                      evals if passes else overheads.eval_seconds, s.price_per_hour, fig.get("warmup_seconds", 0.0))
+    return Projection(total, fig["seconds_per_step"], save_every(s, fig["seconds_per_step"]), overheads.save_seconds,
+                      overheads.final_seconds, evals if passes else overheads.eval_seconds, s.price_per_hour,
+                      fig.get("warmup_seconds", 0.0))
+
+
+def save_every(s: Settings, seconds_per_step: float | None) -> int:
+    """Steps between two checkpoints: SFT_SAVE_STEPS, or SFT_SAVE_MINUTES' worth at the probe's speed."""
+    return disk.steps_between_saves(s.save_steps, s.save_seconds, seconds_per_step)
 
 
 def eval_seconds(fig: dict[str, Any], total: int) -> tuple[int, float]:
@@ -144,13 +155,13 @@ def against_run_line(check: dict[str, Any]) -> str:
             f"state {check['run_steady_tokens_per_second']:,.0f} ({check['tokens_per_second_error']:+.1%})")
 
 
-SAVES_SHARE_HINT = 0.25  # checkpoints taking more of the run than this: the log says what SFT_SAVE_STEPS would do
+SAVES_SHARE_HINT = 0.25  # checkpoints taking more of the run than this: the log says which cadence would not
 SAVES_SHARE_TARGET = 0.10
 
 
 def checkpoints(fig: dict[str, Any]) -> str:
-    """The checkpoints' share of the projected run; where it is large, the SFT_SAVE_STEPS that would hold it to about
-    10% of the steps' time, and the work a lost machine could then cost. A Qwen3-4B checkpoint took as long to write as
+    """The checkpoints' share of the projected run; where it is large, the SFT_SAVE_STEPS (by time: SFT_SAVE_MINUTES)
+    that would hold it to about 10% of the steps' time, and the work a lost machine could then cost. A Qwen3-4B checkpoint took as long to write as
     the 200 steps between two at the README's cadence (measured: docs/speed.md, 'where a one-epoch run's time goes')."""
     each, saves, step = fig["save_seconds_each"], fig["saves"], fig["seconds_per_step"]
     share = fig["save_hours"] / fig["projected_hours"] if fig.get("projected_hours") else 0.0
@@ -161,10 +172,14 @@ def checkpoints(fig: dict[str, Any]) -> str:
     if share <= SAVES_SHARE_HINT:
         return text
     every = math.ceil(each / (SAVES_SHARE_TARGET * step))
+    by_time = "save_minutes" in fig
     if every >= fig["total_steps"]:
-        return text + ": fewer checkpoints (SFT_SAVE_STEPS) trade this time for what a lost machine can cost"
-    return text + (f": SFT_SAVE_STEPS={every} would make them about {SAVES_SHARE_TARGET:.0%} of the steps' time, a "
-                   f"checkpoint every {every * step / 60:.0f} min (what a lost machine can cost)")
+        return text + (f": fewer checkpoints ({'SFT_SAVE_MINUTES' if by_time else 'SFT_SAVE_STEPS'}) trade this time "
+                       "for what a lost machine can cost")
+    minutes = math.ceil(every * step / 60) if by_time else round(every * step / 60)
+    setting = f"SFT_SAVE_MINUTES={minutes}" if by_time else f"SFT_SAVE_STEPS={every}"
+    return text + (f": {setting} would make them about {SAVES_SHARE_TARGET:.0%} of the steps' time, a "
+                   f"checkpoint every {minutes} min (what a lost machine can cost)")
 
 
 def table(fig: dict[str, Any]) -> str:

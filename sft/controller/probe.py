@@ -127,8 +127,9 @@ def _timed_run(runner: Runner, d: Decision, steps: int, name: str, held: Held | 
         why = next((f": {r.error}" for r in reports if r.error), "")
         say(f"error: the {name} failed (launcher exit code {code}{why}); see the ranks' output above")
         raise _Failed(exitcodes.PROBE_FAILED)
-    fig = figures.figures(reports, runner.s, runner.overheads(d), runner.started_at,
-                          d.data.eval_steps if d.data else None)
+    # eval_steps None with evaluation: with each checkpoint saved by time (0)
+    eval_every = d.data.eval_steps or 0 if d.data and d.data.evaluates else None
+    fig = figures.figures(reports, runner.s, runner.overheads(d), runner.started_at, eval_every)
     fig["stage"] = d.stage.name
     tried("ok", fig)
     return fig, reports

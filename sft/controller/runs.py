@@ -134,4 +134,5 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
         save_background=d.save_background and mode == "train",
         snapshot_bytes=d.snapshot_bytes // max(d.ranks.count, 1) if d.save_background and mode == "train" else 0,
         verdict_file=str(paths.verdict_file) if hold_at else "",
+        save_seconds=(s.save_seconds or 0.0) if mode == "train" else 0.0,
         attention_lock=str(paths.attention_lock.absolute()) if d.attention == "flash_attention_4" else "")

@@ -71,7 +71,8 @@ class DataPlan(Record):
     train: list[DataSource]
     eval: list[DataSource] = field(default_factory=list)  # SFT_EVAL_DATASET, or SFT_DATASET's eval split
     eval_fraction: float = 0.0  # rows held out of the training rows instead (seeded: the same on every start)
-    eval_steps: int | None = None  # evaluate every this many steps (and at the end); None: no evaluation
+    # evaluate every this many steps (and at the end); None: with each checkpoint saved by time, or no evaluation
+    eval_steps: int | None = None
     loss_on: str = "all"  # all, assistant, completion
     seed: int = 42  # draws the mixture and the held-out rows
     dropped: list[int] = field(default_factory=list)  # SFT_LONG_ROWS=drop: training rows left out, by position
@@ -112,6 +113,14 @@ class RunSpec(Record):
     verdict_file: str = ""
     save_background: bool = False  # checkpoints written while the steps go on (ranks/patches/background.py)
     snapshot_bytes: int = 0  # the host memory each rank takes ahead for them (its share of planner/disk.py's figure)
+    # A checkpoint after this many seconds of training (SFT_SAVE_MINUTES), rank 0's clock deciding for every rank
+    # (ranks/cadence.py); 0: by the Trainer's save_steps, or none (a probe)
+    save_seconds: float = 0.0
+
+    @property
+    def evaluates_with_saves(self) -> bool:
+        """Evaluation with each checkpoint saved by time and at the end (no SFT_EVAL_STEPS): the ranks' clock asks."""
+        return bool(self.save_seconds) and self.data.evaluates and self.data.eval_steps is None
 
     @property
     def probes(self) -> bool:

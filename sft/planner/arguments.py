@@ -95,8 +95,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     # The Trainer's default logs a NaN step as the mean of the others (0.0 when it logs every step), which hid a
     # diverged run behind plausible numbers: the ranks stop at the first loss that is not finite.
     Argument("logging_nan_inf_filter", "the job (a loss that is not finite stops the run)", lambda r: False),
-    Argument("save_strategy", "SFT_SAVE_STEPS", lambda r: "no" if r.probe else "steps"),  # a timing run saves none
-    Argument("save_steps", "SFT_SAVE_STEPS", lambda r: r.settings.save_steps),
+    # A timing run saves none; by time (SFT_SAVE_MINUTES) the ranks' clock decides every save (sft/ranks/cadence.py)
+    Argument("save_strategy", "SFT_SAVE_STEPS or SFT_SAVE_MINUTES",
+             lambda r: "steps" if not r.probe and r.settings.save_steps is not None else "no"),
+    Argument("save_steps", "SFT_SAVE_STEPS", lambda r: r.settings.save_steps or 500),  # 500: the Trainer's own, unused
     Argument("save_total_limit", "SFT_SAVE_TOTAL_LIMIT", lambda r: r.settings.save_total_limit),
     Argument("seed", "SFT_SEED", lambda r: r.settings.seed),
     Argument("data_seed", "SFT_SEED", lambda r: r.settings.seed),
@@ -121,7 +123,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("dataset_num_proc", "the job (a process per 1,000 rows, at most 16: the packed rows depend on it)",
              lambda r: r.data.processes if r.data.processes > 1 else None),
     # the probe times evaluation on a few batches itself (sft/ranks/evaluation.py), apart from its steps
-    Argument("eval_strategy", "SFT_EVAL_STEPS", lambda r: "steps" if r.data.evaluates and not r.probe else "no"),
+    # eval_steps None: with each checkpoint saved by time, as the ranks' clock sets it (sft/ranks/cadence.py)
+    Argument("eval_strategy", "SFT_EVAL_STEPS",
+             lambda r: "steps" if r.data.evaluates and r.data.eval_steps and not r.probe else "no"),
     Argument("eval_steps", "SFT_EVAL_STEPS", lambda r: r.data.eval_steps),
     Argument("per_device_eval_batch_size", "the job (evaluation batches are as large as training's micro-batches)",
              lambda r: r.decision.split.micro_batch),

@@ -33,7 +33,7 @@ class Projection:
 
     total_steps: int
     seconds_per_step: float
-    save_steps: int  # a checkpoint every this many steps
+    save_steps: int  # a checkpoint every this many steps (SFT_SAVE_MINUTES: its worth at the probe's speed)
     save_seconds: float  # one checkpoint's save
     final_seconds: float  # the final model's save, and its upload with a Hub repo
     eval_seconds: float = 0.0  # evaluation over the whole run (none configured: 0)

@@ -68,4 +68,7 @@ def eval_every(s: Settings, evaluates: bool) -> tuple[int | None, str]:
         return None, ""
     if s.eval_steps is not None:
         return s.eval_steps, f"every {s.eval_steps} steps (SFT_EVAL_STEPS) and at the end"
-    return s.save_steps, f"every {s.save_steps} steps, with each checkpoint (SFT_SAVE_STEPS), and at the end"
+    if s.save_steps is not None:
+        return s.save_steps, f"every {s.save_steps} steps, with each checkpoint (SFT_SAVE_STEPS), and at the end"
+    # None: the ranks evaluate with each checkpoint saved by time (sft/ranks/cadence.py), and at the end
+    return None, f"with each checkpoint (every {s.save_seconds / 60:g} min of training) and at the end"

@@ -12,6 +12,7 @@ RNG states and scripts every checkpoint holds; docs/how-it-works.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,17 @@ def snapshot_bytes(total_params: int | None, bf16: bool, zero: int, optimizer: s
         return None
     per_param, _ = checkpoint_bytes_per_param(bf16, zero, optimizer)
     return int(total_params * per_param / max(nodes, 1))
+
+
+def steps_between_saves(save_steps: int | None, save_seconds: float | None, seconds_per_step: float | None) -> int:
+    """Optimizer steps from one checkpoint to the next: SFT_SAVE_STEPS, or the steps that fill SFT_SAVE_MINUTES at
+    `seconds_per_step` (the ranks count the interval from the end of the last save, so whole steps, rounded up).
+    Speed unknown: 1, the most checkpoints there can be (the safe side for the disk and the time)."""
+    if save_steps is not None:
+        return save_steps
+    if not seconds_per_step or seconds_per_step <= 0 or save_seconds is None:
+        return 1
+    return max(1, math.ceil(save_seconds / seconds_per_step))
 
 
 def saves_left(step: int, max_steps: int, save_steps: int) -> int:

@@ -12,7 +12,7 @@ from ..settings import env_name
 # starts of one run. Every other setting (those added later too) counts as a different run.
 HOW_IT_RUNS = frozenset({
     "probe_steps", "batch_search", "gpus", "cpu_ranks", "launcher", "price_per_hour", "hub_repo", "upload_minutes",
-    "stop_grace_seconds", "node_timeout_seconds", "output_dir",
+    "save_minutes", "save_steps", "stop_grace_seconds", "node_timeout_seconds", "output_dir",
 })
 
 

@@ -44,7 +44,7 @@ def probe_goes_on(s: Settings, ranks: Ranks, record: CheckpointRecord | None) ->
     n = s.probe_steps
     if ranks.nodes > 1:
         return False, f"launched apart: on {ranks.nodes} nodes the ranks elsewhere cannot read node 0's verdict"
-    if s.save_steps <= n:
+    if s.save_steps is not None and s.save_steps <= n:  # by time, the ranks save nothing before the verdict
         return False, (f"launched apart: a checkpoint (SFT_SAVE_STEPS={s.save_steps}) would be saved before the "
                        f"verdict on its {n} steps (SFT_PROBE_STEPS)")
     if 0 < s.max_steps <= n:

@@ -19,6 +19,8 @@ from transformers import TrainerCallback
 from ..checkpoints import step_of
 from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, CheckpointWritten, Evaluated, EventLog, Progress
 from ..handoff import CheckpointRecord, RankReport, write_json
+from ..planner import disk
+from .cadence import SaveClock
 from .patches import background
 from .patches.reads import Read
 
@@ -40,7 +42,12 @@ class StopRequest:
         self.requested = True
 
     def agreed(self, lagged: bool = False) -> bool:
-        """True on every rank once any rank was asked to stop (all ranks must save at the same step).
+        """True on every rank once any rank was asked to stop (all ranks must save at the same step)."""
+        return self.agree(lagged)[0]
+
+    def agree(self, lagged: bool = False, save_due: bool = False) -> tuple[bool, bool]:
+        """(stop, save): each true on every rank once any rank asked for it; `save_due`: this rank asks for a
+        checkpoint (rank 0's clock, ranks/cadence.py), which the same all-reduce carries.
 
         lagged: what the ranks agreed at the previous lagged call, this call's question sent on its way, so the
         host never waits for the step the GPU is still running (reads.py says why that matters); at each step,
@@ -48,16 +55,16 @@ class StopRequest:
         local = self.requested or self.stop_file.exists()
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.requested = local
-            return local
+            return local, save_due
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        flag = torch.full((1,), 1.0 if local else 0.0, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one float per step: negligible next to a step's traffic
-        asked = Read(flag)
+        flags = torch.tensor([float(local), float(save_due)], device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # two floats per step: negligible next to a step's traffic
+        asked = Read(flags)
         if lagged:
             asked, self._asked = self._asked, asked
-        agreed = asked is not None and asked.item() > 0
-        self.requested = local or agreed
-        return agreed
+        stop, save = (False, False) if asked is None else (v > 0 for v in asked.value().tolist())
+        self.requested = local or stop
+        return stop, save
 
 
 class LossNotFinite(RuntimeError):
@@ -92,8 +99,10 @@ class ProgressCallback(TrainerCallback):
     """Records time and tokens at every optimizer step; turns a stop request into save-and-stop; writes the
     CheckpointRecord into each checkpoint before the Trainer saves it."""
 
-    def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord, run_dir: Path | None = None):
+    def __init__(self, stop: StopRequest, report: RankReport, record: CheckpointRecord, run_dir: Path | None = None,
+                 clock: SaveClock | None = None):
         self.stop, self.report, self.record, self.trainer = stop, report, record, None
+        self.clock = clock or SaveClock()  # checkpoints by time (SFT_SAVE_MINUTES); off: the Trainer's save_steps
         # rank 0 of a training run only (None elsewhere): the run's events and progress
         self.run_dir = run_dir
         self.events = EventLog(run_dir / EVENTS_FILE if run_dir else None)
@@ -104,6 +113,7 @@ class ProgressCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.report.train_began, self.report.train_began_wall = time.perf_counter(), time.time()
+        self.clock.started()
 
     def on_step_end(self, args, state, control, **kwargs):
         self._written_in_background(state)
@@ -117,8 +127,12 @@ class ProgressCallback(TrainerCallback):
             self.hold.wait(self.trainer, state.global_step)
             for name, value in flags.items():  # the probe's timed evaluation clears the step's own log and evaluation
                 setattr(control, name, value)
-        if self.stop.agreed(lagged=True):
-            control.should_save = args.save_strategy != "no"
+        stop, save_due = self.stop.agree(lagged=True, save_due=self.clock.ask(state.global_step))
+        if save_due or self.clock.last_step(state):
+            control.should_save = True
+            control.should_evaluate = control.should_evaluate or self.clock.evaluates
+        if stop:
+            control.should_save = args.save_strategy != "no" or self.clock.on  # a probe saves nothing
             control.should_training_stop = True
         if self.hold is not None and self.report.status == "ended":  # the probe's verdict (hold.py): keep nothing
             control.should_save, control.should_training_stop = False, True
@@ -174,8 +188,11 @@ class ProgressCallback(TrainerCallback):
             writer.seal()
         self._saved(args, state)
         self._written_in_background(state)
+        self.clock.saved()
         if state.is_world_process_zero:
-            fits, message = room_after(args, state, kwargs["model"])
+            every = disk.steps_between_saves(args.save_steps if args.save_strategy == "steps" else None,
+                                             self.clock.interval_s, self.progress.seconds_per_step)
+            fits, message = room_after(args, state, kwargs["model"], every)
             print(f"[rank 0] disk after checkpoint-{state.global_step}: {message}", flush=True)
             if not fits:
                 self.report.stop_reason = message
@@ -238,10 +255,10 @@ class ProgressCallback(TrainerCallback):
         self._written = now
 
 
-def room_after(args, state, model) -> tuple[bool, str]:
-    """The newest checkpoint's real size against the room the rest of the run needs: (fits, why)."""
+def room_after(args, state, model, every: int) -> tuple[bool, str]:
+    """The newest checkpoint's real size against the room the rest of the run needs, a checkpoint every `every`
+    steps and one at the end: (fits, why)."""
     from ..checkpoints import all_checkpoints, folder_bytes, free_disk, unwritten_bytes
-    from ..planner import disk
 
     out = Path(args.output_dir)
     newest = out / f"checkpoint-{state.global_step}"
@@ -249,5 +266,5 @@ def room_after(args, state, model) -> tuple[bool, str]:
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
     return disk.room_after_save(folder_bytes(newest) + coming, free_disk(str(out)) - coming,
                       len(all_checkpoints(out)), args.save_total_limit,
-                      disk.saves_left(state.global_step, state.max_steps, args.save_steps),
+                      disk.saves_left(state.global_step, state.max_steps, every),
                       params * disk.weight_bytes(args.bf16))

@@ -26,6 +26,7 @@ from ..lifeline import die_with_parent
 from . import devtools, evaluation, patches
 from .patches import reads, seqpar, universal
 from .hold import Hold
+from .cadence import SaveClock
 from .progress import ProgressCallback, StopRequest
 
 
@@ -104,7 +105,8 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     # offline, with liger-kernel installed, so its warning would only repeat on every rank.
     warnings.filterwarnings("ignore", message="`use_liger_kernel=True` is deprecated", category=FutureWarning)
     rank0_of_training = spec.mode == "train" and int(os.environ.get("RANK", "0")) == 0 and spec.run_dir
-    callback = ProgressCallback(stop, report, spec.record, Path(spec.run_dir) if rank0_of_training else None)
+    clock = SaveClock(spec.save_seconds, spec.hold_at, int(os.environ.get("RANK", "0")) == 0, spec.evaluates_with_saves)
+    callback = ProgressCallback(stop, report, spec.record, Path(spec.run_dir) if rank0_of_training else None, clock)
     if spec.hold_at:  # this training launch is also the probe: after its steps, the controller's verdict
         callback.hold = Hold(spec, report, lambda r: _stamp(r, on_gpu),
                              stop_asked=lambda: stop.requested or stop.stop_file.exists())

@@ -52,6 +52,9 @@ def check(s: Settings) -> list[str]:
         problems.append(bad("SFT_LIGER_KERNELS", "true", "not with SFT_COMPILE=true: compiled with Liger's kernels, "
                              "training's loss was NaN from the third step on an H200 (docs/speed.md); set one of "
                              "them to auto"))
+    if s.save_minutes is not None and s.save_steps is not None:
+        problems.append(bad("SFT_SAVE_MINUTES", s.save_minutes, f"not with SFT_SAVE_STEPS={s.save_steps}: checkpoints "
+                            "are saved by time or by steps; unset one of them"))
     problems += output_problems(s)
     problems += service_problems(s)
     return problems + sequence_parallel_problems(s)

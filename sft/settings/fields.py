@@ -82,7 +82,7 @@ class Settings:
     eval_fraction: float = _setting(0.0, "Or hold out this fraction of the training rows for evaluation (seeded by "
                                     "SFT_SEED: the same rows on every start); 0: none.", min=0, lt=1)
     eval_steps: int | None = _setting(None, "Evaluate every this many optimizer steps, and at the end; unset: with "
-                                      "each checkpoint (SFT_SAVE_STEPS).", min=1)
+                                      "each checkpoint (SFT_SAVE_MINUTES or SFT_SAVE_STEPS).", min=1)
     # how it is trained and run
     zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
@@ -143,7 +143,11 @@ class Settings:
                                   "off on CPU (true with SFT_COMPILE=true is refused: compiled with them, the "
                                   "loss was NaN).", choices=SWITCH)
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
-    save_steps: int = _setting(200, "Save a checkpoint every this many optimizer steps.", min=1)
+    save_minutes: float | None = _setting(None, "Minutes of training between checkpoints (and at a stop and the "
+                                          "end); unset: SFT_UPLOAD_MINUTES, so every checkpoint saved is one the "
+                                          "uploader sends. Not with SFT_SAVE_STEPS.", gt=0)
+    save_steps: int | None = _setting(None, "Save a checkpoint every this many optimizer steps instead of by time "
+                                      "(SFT_SAVE_MINUTES).", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
     save_background: str = _setting("auto", "Write each checkpoint while the steps go on: its tensors copied into "
                                      "host memory kept for it (one checkpoint's size per node), its files written "
@@ -205,6 +209,13 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def save_seconds(self) -> float | None:
+        """Seconds of training between checkpoints; None: every SFT_SAVE_STEPS steps instead."""
+        if self.save_steps is not None:
+            return None
+        return (self.upload_minutes if self.save_minutes is None else self.save_minutes) * 60
 
     @property
     def output_path(self) -> Path:
