@@ -28,7 +28,8 @@ from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
 from ..settings import Settings, refusal
-from . import budget, coordinate, data, machine, outlock, preflight, probe, reshard, summary, timekeeper, training, uploads
+from . import (budget, coordinate, data, machine, outlock, preflight, probe, reshard, summary, timekeeper, tokens,
+               training, uploads)
 from .launch import Stopper
 from .output import Paths
 from .prepare import prepare
@@ -108,6 +109,7 @@ def recipe(job: Runner, facts: machine.Facts, target, found: data.Found, probe_o
         stopper.install()
         paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
         write_json(paths.run / "settings.json", s.to_dict())
+        job.tokens = tokens.keep(found.tokens)  # for the ranks and the next start: no start tokenises twice
         parts.time_limit = time_limit(s, events)
         parts.resumed_from = resume = uploads.resume_point(paths, target)
     except HubError as e:
