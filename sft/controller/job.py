@@ -28,8 +28,8 @@ from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
 from ..settings import Settings, refusal
-from . import (budget, coordinate, data, machine, outlock, preflight, probe, reshard, summary, timekeeper, tokens,
-               training, uploads)
+from . import (budget, coordinate, data, heartbeat, machine, outlock, preflight, probe, reshard, summary, timekeeper,
+               tokens, training, uploads)
 from .launch import Stopper
 from .output import Paths
 from .prepare import prepare
@@ -89,7 +89,7 @@ def lead(job: Runner, facts: machine.Facts, probe_only: bool) -> int:
         return exitcodes.OUTPUT_BUSY
     except OSError as e:
         return unwritable(paths, e)
-    with lock:
+    with lock, heartbeat.Pulse(paths.run):  # `status --check`'s sign that this start lives
         return recipe(job, facts, target, found, probe_only)
 
 
