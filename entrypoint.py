@@ -84,11 +84,19 @@ def probe() -> None:
 @click.argument("target", default="", required=False)
 @click.option("--revision", help="With a Hub repo: the branch (default: main).")
 @click.option("--json", "as_json", is_flag=True, help="JSON for programs.")
-def status(target: str, revision: str | None, as_json: bool) -> None:
+@click.option("--check", is_flag=True, help="One line and an exit code, for a probe (a Kubernetes exec probe): 0 "
+              "running or done, 1 stalled (no sign of life for --stalled-after), 2 ended with another exit code, "
+              "3 no run in the folder. An output folder only.")
+@click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=1800, show_default=True,
+              help="With --check: seconds without a step, an upload or, before training, the job's heartbeat, after "
+              "which a run is stalled (more than a checkpoint's save or an evaluation takes).")
+def status(target: str, revision: str | None, as_json: bool, check: bool, stalled_after: float) -> None:
     """Where a run is: TARGET is its output folder (default: SFT_OUTPUT_DIR) or its Hub repo (owner/name).
 
     The phase, the step and the time left, the newest complete checkpoint on disk and on the Hub, an upload
     in progress, the final model, the end and its exit code. Reads the folder or the repo only."""
+    if check:
+        sys.exit(commands.status_check(target, stalled_after))
     commands.status(target, revision, as_json)
 
 

@@ -222,7 +222,10 @@ def test_a_larger_dataset_is_prepared_by_several_processes_in_the_controller_and
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     spec = json.loads((tmp_path / "out" / "run" / "spec-probe.json").read_text())
     assert spec["data"]["processes"] == 3
-    # datasets names each process's share of a map's output "..._0000K_of_0000N.arrow": the ranks' map ran in 3
-    shards = sorted(p.name for p in (Path(env["HF_HOME"]) / "datasets").rglob("cache-*_of_00003.arrow"))
-    assert len(shards) >= 3, sorted(p.name for p in (Path(env["HF_HOME"]) / "datasets").rglob("*.arrow"))
+    # datasets names each process's share of a map's output "..._0000K_of_0000N.arrow", beside the dataset it maps:
+    # the ranks' maps of the data step's tokens (their packing) ran in 3
+    tokens = tmp_path / "out" / "run" / "tokens"
+    shards = sorted(p.name for p in tokens.rglob("cache-*_of_00003.arrow"))
+    assert len(shards) >= 3, sorted(p.name for p in tokens.rglob("*.arrow"))
+    assert spec["data"]["tokens"] == str(tokens) and "data: tokens: 2,048 training rows tokenised in" in result.stdout
     assert read_summary(tmp_path / "out")["probe"]["steps_per_epoch"] > 0

@@ -197,6 +197,19 @@ def status(target: str, revision: str | None, as_json: bool) -> None:
     click.echo(found.to_json() if as_json else found.text())
 
 
+def status_check(target: str, stalled_after_s: float) -> int:
+    """`status --check`: one line, and the check's exit code (status.py: HEALTHY, STALLED, ENDED_NOT_DONE, NO_RUN)."""
+    from . import status as run_status
+
+    folder = Path(target or os.environ.get("SFT_OUTPUT_DIR", "output"))
+    if not folder.is_dir():
+        click.echo(f"{folder}: no such output folder: no run here")
+        return run_status.NO_RUN
+    code, line = run_status.check(folder, stalled_after_s)
+    click.echo(line)
+    return code
+
+
 def _repo_status(repo_id: str, revision: str | None):
     from ..hub.errors import http_status, short_error
     from . import status as run_status

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
     from ..data.longrows import LongRows
+    from .tokens import Tokens
 
 
 @dataclasses.dataclass
@@ -40,6 +41,7 @@ class Found:
     loss_on: str = "all"
     long_rows: LongRows | None = None  # the training rows longer than SFT_MAX_LENGTH (SFT_LONG_ROWS)
     empty_dropped: int = 0  # SFT_EMPTY_ROWS=drop: the training sources' rows that taught nothing, left out
+    tokens: Tokens | None = None  # the training rows' tokens (before the long rows' drop): made here, or by a start
 
 
 def read(s: Settings, ranks: Ranks) -> Found:
@@ -265,23 +267,25 @@ def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str
     """(problems, notes, the tokens of each row of found.train) of SFT_LONG_ROWS: every training row counted once,
     here; drop leaves the long ones out of found.train and names their positions in the facts, so the ranks leave
     out the same rows."""
-    from ..data import longrows
+    from ..data import cache, longrows
+    from . import tokens
 
-    lengths = longrows.measure(found.train, labeller)
+    found.tokens = tokens.find(s, found.train, list(found.facts.train), labeller)
+    lengths = cache.lengths(found.tokens.rows)
     if none := [i for i, n in enumerate(lengths) if n == 0]:  # packed, they fail in pyarrow, far from the cause
         raise DataError([f"{template.owner(s)}: its chat template renders {checks.rows_named(none)} of the training "
                          "rows as no token at all, which teaches nothing: fix the template (does it loop over "
                          "messages?), or remove the rows"])
     found.long_rows = longrows.count(lengths, s.max_length, s.long_rows)
     if (problem := found.long_rows.problem(s.packing)) is not None:
-        return [problem], [], lengths
+        return [problem], [found.tokens.line()], lengths
     if s.long_rows == "drop" and found.long_rows.longer:
         drop = longrows.dropped(lengths, s.max_length)
         found.train = longrows.without(found.train, drop)
         found.facts = dataclasses.replace(found.facts, dropped=tuple(drop))
         gone = set(drop)
         lengths = [n for i, n in enumerate(lengths) if i not in gone]
-    return [], [found.long_rows.line()], lengths
+    return [], [found.tokens.line(), found.long_rows.line()], lengths
 
 
 def _trainer_args(s: Settings) -> dict:
@@ -295,5 +299,7 @@ def summary(found: Found | None, plan) -> dict | None:
     if found is None or plan is None:
         return None
     long_rows = {"long_rows": found.long_rows.to_dict()} if found.long_rows is not None else {}
+    tokens = {"tokens": found.tokens.to_dict()} if found.tokens is not None else {}
     return {"shape": found.facts.shape, "train_rows": len(found.train), "eval_rows": found.facts.eval_rows,
-            **long_rows, **({"empty_rows_dropped": found.empty_dropped} if found.empty_dropped else {}), **{k: v for k, v in plan.to_dict().items() if k != "dropped"}}
+            **long_rows, **tokens, **({"empty_rows_dropped": found.empty_dropped} if found.empty_dropped else {}),
+            **{k: v for k, v in plan.to_dict().items() if k not in ("dropped", "tokens")}}

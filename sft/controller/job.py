@@ -28,7 +28,8 @@ from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
 from ..settings import Settings, refusal
-from . import budget, coordinate, data, machine, outlock, preflight, probe, reshard, summary, timekeeper, training, uploads
+from . import (budget, coordinate, data, heartbeat, machine, outlock, preflight, probe, reshard, summary, timekeeper,
+               tokens, training, uploads)
 from .launch import Stopper
 from .output import Paths
 from .prepare import prepare
@@ -88,7 +89,7 @@ def lead(job: Runner, facts: machine.Facts, probe_only: bool) -> int:
         return exitcodes.OUTPUT_BUSY
     except OSError as e:
         return unwritable(paths, e)
-    with lock:
+    with lock, heartbeat.Pulse(paths.run):  # `status --check`'s sign that this start lives
         return recipe(job, facts, target, found, probe_only)
 
 
@@ -108,6 +109,7 @@ def recipe(job: Runner, facts: machine.Facts, target, found: data.Found, probe_o
         stopper.install()
         paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
         write_json(paths.run / "settings.json", s.to_dict())
+        job.tokens = tokens.keep(found.tokens)  # for the ranks and the next start: no start tokenises twice
         parts.time_limit = time_limit(s, events)
         parts.resumed_from = resume = uploads.resume_point(paths, target)
     except HubError as e:

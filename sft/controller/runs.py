@@ -3,6 +3,7 @@ and a training launch that is also the probe (Held), which waits after the probe
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ class Runner:
         self.total_params = 0  # the model's, for the projection's saves (set by the job once it has read the model)
         self.uploads = False  # the final model is uploaded (a Hub repo): the projection counts the upload
         self.standby = standby  # the ranks started before the decision: the first launch's, if they fit
+        self.tokens = ""  # the training rows' tokens kept in the output folder (tokens.keep): the ranks read them
 
     def overheads(self, d: Decision) -> Overheads:
         """What a run of this decision spends besides its steps (its saves, the final model), for the probe's
@@ -42,7 +44,8 @@ class Runner:
              hold_at: int = 0) -> RunSpec:
         """The decision as the ranks read it; its DeepSpeed config is written to run/ds_config.json."""
         ds_path = write_json(self.paths.run / "ds_config.json", dict(d.ds_config))
-        return make_spec(self.s, d, self.paths, mode, output_dir, max_steps, resume, str(ds_path), hold_at)
+        return make_spec(self.s, d, self.paths, mode, output_dir, max_steps, resume, str(ds_path), hold_at,
+                         self.tokens)
 
     def run(self, spec: RunSpec) -> tuple[int, list[RankReport]]:
         """Launch the ranks here and on every other node; the launcher's exit code and the ranks' reports."""
@@ -123,11 +126,13 @@ class Held:
 
 
 def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Path, max_steps: int,
-              resume: Path | None = None, ds_config: str = "", hold_at: int = 0) -> RunSpec:
-    """The settings and the decision, as the ranks read them (writes nothing)."""
+              resume: Path | None = None, ds_config: str = "", hold_at: int = 0, tokens: str = "") -> RunSpec:
+    """The settings and the decision, as the ranks read them (writes nothing); `tokens`: the folder of the training
+    rows' tokens."""
     trainer = arguments(Run(s, d, mode, str(output_dir), max_steps, ds_config))
     return RunSpec(
-        mode=mode, model=s.model, data=d.data, trainer=trainer, stage=d.stage.name, attention=d.attention,
+        mode=mode, model=s.model, data=dataclasses.replace(d.data, tokens=tokens), trainer=trainer,
+        stage=d.stage.name, attention=d.attention,
         compile=d.compile, report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
         record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_dir=str(paths.run),
         sequence_parallel=d.sequence_parallel, head_tiles_kept_bytes=d.row.head_kept, hold_at=hold_at,

@@ -18,6 +18,7 @@ from .. import checkpoints
 from ..events import (EVENTS_FILE, PROGRESS_FILE, UPLOAD_FILE, CheckpointSaved, Ended, HubBehind, Progress,
                       ProbeTry, SettingsResolved, TrainStarted, UploadFinished, UploadProgress, read_events)
 from ..handoff import Summary
+from .heartbeat import PULSE_FILE
 
 PHASES = {SettingsResolved: "starting", ProbeTry: "probing", TrainStarted: "training", CheckpointSaved: "training"}
 
@@ -88,6 +89,48 @@ def of_folder(out: Path) -> Status:
     status.checkpoint_on_disk = newest.name if newest else None
     status.final_model = (out / "final" / "config.json").is_file()
     return status
+
+
+# `status --check`'s exit codes (docs/running.md, 'Kubernetes'): a probe passes on 0 alone
+HEALTHY = 0  # running, with a sign of life within --stalled-after; or ended done (exit code 0)
+STALLED = 1  # not ended, and no sign of life for longer than --stalled-after: hung, or gone without an end
+ENDED_NOT_DONE = 2  # ended with another exit code than 0: a failure, or a stop (start it again to resume)
+NO_RUN = 3  # no run in the folder
+STALLED_AFTER_S = 1800  # --stalled-after's default: longer than a checkpoint's save or an evaluation takes
+
+
+def check(out: Path, stalled_after_s: float = STALLED_AFTER_S, now: float | None = None) -> tuple[int, str]:
+    """The run in `out` as a probe sees it: (exit code, one line saying why). Training is alive while it steps (rank 0
+    rewrites run/progress.json each step) or uploads (run/upload.json); the other phases while the controller's pulse
+    (run/heartbeat, heartbeat.Pulse) or the events move. The newest start's events say which phase it is in."""
+    from ..exitcodes import meanings
+
+    status, run = of_folder(out), out / "run"
+    if status.phase == "ended":
+        if status.exit_code == 0:
+            return HEALTHY, f"{out}: done ({status.ended_as}, exit code 0)"
+        meaning = next((m for code, _, m in meanings() if code == status.exit_code), "")
+        return ENDED_NOT_DONE, f"{out}: ended: {status.ended_as}, exit code {status.exit_code} ({meaning})"
+    if status.phase == "unknown":
+        return NO_RUN, f"{out}: no run here (no run/events.jsonl)"
+    signs = [_mtime(run / EVENTS_FILE)]
+    if status.phase == "training":  # the controller may live while the ranks hang: only their work counts
+        signs += [p.updated for p in (Progress.load(run / PROGRESS_FILE), UploadProgress.load(run / UPLOAD_FILE)) if p]
+    else:
+        signs.append(_mtime(run / PULSE_FILE))
+    age = (now or time.time()) - max(t for t in signs if t is not None)
+    where = status.phase + (f", step {status.step} of {status.max_steps}" if status.step is not None else "")
+    if age > stalled_after_s:
+        what = "no step, upload or event" if status.phase == "training" else "no heartbeat or event"
+        return STALLED, f"{out}: stalled: {where}; {what} for {age:.0f} s (more than {stalled_after_s:g} s)"
+    return HEALTHY, f"{out}: {where}; last sign of life {age:.0f} s ago"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def of_repo(repo_id: str, revision: str | None = None) -> Status:

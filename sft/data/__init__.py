@@ -7,6 +7,7 @@ train on it through the same code):
     checks.py   every problem in the rows, one line each
     tokens.py   the rows tokenised and labelled as TRL's SFTTrainer does it, outside the Trainer
     longrows.py the rows longer than SFT_MAX_LENGTH, counted once (SFT_LONG_ROWS: truncate, drop, error)
+    cache.py    the training rows' tokens kept in OUTPUT/run/tokens/ for the ranks and a restart, and their key
     show.py     the first rows' tokens and which carry the loss, for `entrypoint.py data`
 
 What SFT_DATASET says (its sources and their amounts) is the settings' (sft/settings/entries.py). The modules

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import checks
@@ -65,42 +66,58 @@ class LongRows:
 
 
 SPAN = 2_048  # rows a worker tokenises at a time
-_WORK: tuple[Dataset, Labeller] | None = None  # what forked workers read (set just before the fork)
+_WORK: tuple[Dataset, Labeller, Path] | None = None  # what forked workers read (set just before the fork)
 
 
-def measure(dataset: Dataset, labeller: Labeller, processes: int | None = None) -> list[int]:
-    """Every row's tokens before truncation, a chunk at a time (nothing cached next to the data).
+def tokenise(dataset: Dataset, labeller: Labeller, folder: Path, processes: int | None = None) -> Dataset:
+    """Every row's tokens and labels before truncation (Labeller.tokenise), a part per span saved under `folder`
+    (nothing cached next to the data), read back as one dataset in the rows' order: their lengths are the long-row
+    count's, and the rows themselves what the ranks train on (cache.py).
 
     TRL's preparation is one process (and the chat template's rendering is Python): 100,000 short conversations
-    took about 2 minutes of one busy core here, before any rank starts. So the rows are counted by as many
+    took about 2 minutes of one busy core here, before any rank starts. So the rows are tokenised by as many
     forked processes as the ranks prepare them with (tokens.processes); forked, so the tokenizer and the rows
-    are inherited, not pickled."""
+    are inherited, not pickled, and each writes its part where the others can read it, not back through a pipe."""
+    from datasets import Dataset, concatenate_datasets, load_from_disk
+
     from .tokens import processes as preparing
 
     global _WORK
-    rows = len(dataset)
+    if not (rows := len(dataset)):  # TRL's preparation reads a first row
+        return Dataset.from_dict({"input_ids": [], "labels": []})
     workers = processes or preparing(rows)
-    if workers <= 1:
-        return [n for span in checks.chunks(rows) for n in _lengths(dataset, labeller, span)]
     size = max(1, min(SPAN, -(-rows // workers)))  # at least one span per worker
     spans = [(start, min(start + size, rows)) for start in range(0, rows, size)]
-    _WORK = (dataset, labeller)
+    _WORK = (dataset, labeller, folder)
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(spans))) as pool:
-            return [n for part in pool.map(_forked_lengths, spans) for n in part]
+        if workers <= 1:
+            parts = [_part(span) for span in spans]
+        else:
+            with multiprocessing.get_context("fork").Pool(min(workers, len(spans))) as pool:
+                parts = pool.map(_part, spans)
     finally:
         _WORK = None
+    return concatenate_datasets([load_from_disk(p) for p in parts])
 
 
-def _lengths(dataset: Dataset, labeller: Labeller, span: tuple[int, int]) -> list[int]:
+def measure(dataset: Dataset, labeller: Labeller, processes: int | None = None) -> list[int]:
+    """Every row's tokens before truncation."""
+    import tempfile
+
+    from .cache import lengths
+
+    with tempfile.TemporaryDirectory(prefix="sft-lengths-") as folder:
+        return lengths(tokenise(dataset, labeller, Path(folder), processes))
+
+
+def _part(span: tuple[int, int]) -> str:
+    assert _WORK is not None, "tokenise() sets the work before it forks"
     from .tokens import in_memory
 
-    return labeller.lengths(in_memory(dataset, *span))
-
-
-def _forked_lengths(span: tuple[int, int]) -> list[int]:
-    assert _WORK is not None, "measure() sets the work before it forks"
-    return _lengths(*_WORK, span)
+    dataset, labeller, folder = _WORK
+    path = folder / f"part-{span[0]:012d}"
+    labeller.tokenise(in_memory(dataset, *span)).save_to_disk(str(path))
+    return str(path)
 
 
 def count(lengths: list[int], max_length: int, action: str) -> LongRows:

@@ -30,21 +30,26 @@ OPTIONAL_COLUMNS = ("tools", "chat_template_kwargs")  # per-row extras TRL's tok
 
 
 def build(plan: DataPlan) -> tuple[Dataset, Dataset | None]:
-    """The training rows and the evaluation rows (None: no evaluation), as the plan says."""
-    from .shapes import shape_of
+    """The training rows and the evaluation rows (None: no evaluation), as the plan says. With the data step's tokens
+    (plan.tokens) the training rows are those, which SFTTrainer truncates or packs without tokenising them again;
+    the sources are read only for rows held out of them."""
+    from datasets import load_from_disk
 
     from .longrows import without
+    from .shapes import shape_of
 
-    loaded = load_all(plan.train, "SFT_DATASET", plan.drop_empty)
-    train = combine(loaded, plan.train, shape_of(loaded[0]).columns, plan.seed)
+    train = held = None
+    if plan.eval_fraction > 0 or not plan.tokens:
+        loaded = load_all(plan.train, "SFT_DATASET", plan.drop_empty)
+        train = combine(loaded, plan.train, shape_of(loaded[0]).columns, plan.seed)
     if plan.eval_fraction > 0:
-        kept, held = hold_out(train, plan.eval_fraction, plan.seed)
-        return without(kept, plan.dropped), held
-    if plan.eval:
+        train, held = hold_out(train, plan.eval_fraction, plan.seed)
+    elif plan.eval:
         evaluation = load_all(plan.eval, "SFT_EVAL_DATASET", plan.drop_empty)
-        return without(train, plan.dropped), combine(evaluation, plan.eval, shape_of(evaluation[0]).columns,
-                                                     plan.seed)
-    return without(train, plan.dropped), None
+        held = combine(evaluation, plan.eval, shape_of(evaluation[0]).columns, plan.seed)
+    if plan.tokens:
+        train = load_from_disk(plan.tokens)
+    return without(train, plan.dropped), held
 
 
 def load_all(sources: list[DataSource], var: str, drop_empty: bool = False) -> list[Dataset]:

@@ -100,6 +100,15 @@ class Labeller:
         args = self.args if truncate else SimpleNamespace(**{**vars(self.args), "max_length": None})
         return SFTTrainer._prepare_dataset(self.trainer, rows, self.tok, args, packing, None, "train")
 
+    def tokenise(self, rows: Dataset) -> Dataset:
+        """input_ids and labels of each row, before truncation, in the rows' order: what the ranks' SFTTrainer
+        truncates or packs (it skips its own tokenisation for rows that have input_ids: cache.py)."""
+        args = SimpleNamespace(**{**vars(self.args), "max_length": None, "shuffle_dataset": False})
+        from trl import SFTTrainer
+
+        prepared = SFTTrainer._prepare_dataset(self.trainer, rows, self.tok, args, False, None, "train")
+        return prepared.select_columns(["input_ids", "labels"])
+
     def lengths(self, rows: Dataset) -> list[int]:
         """Tokens per row, before truncation."""
         return [len(ids) for ids in self.prepare(rows, truncate=False)["input_ids"]]

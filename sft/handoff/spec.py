@@ -78,6 +78,9 @@ class DataPlan(Record):
     dropped: list[int] = field(default_factory=list)  # SFT_LONG_ROWS=drop: training rows left out, by position
     drop_empty: bool = False  # SFT_EMPTY_ROWS=drop: each source's rows that teach nothing left out (data/empty.py)
     processes: int = 1  # processes that tokenise and pack the rows (TRL's dataset_num_proc; data/tokens.py)
+    # the training rows' tokens as the data step made them (OUTPUT/run/tokens, data/cache.py), before the drop of
+    # `dropped`; "": the ranks tokenise the rows themselves
+    tokens: str = ""
 
     @property
     def evaluates(self) -> bool:
