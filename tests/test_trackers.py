@@ -1,6 +1,7 @@
 """W&B and MLflow, as the image has them, across a stop and a resume: the real job (entrypoint.py as a subprocess, two
 CPU ranks) on the demo model, logging to both offline (W&B's offline run files, MLflow's local file store), stopped
-by SIGTERM after a checkpoint, then started again. One run pair serves every test here."""
+by SIGTERM after a checkpoint, then started again. One run pair serves every test here, and `config --env` reads
+that job's settings back from its output folder while it runs and after it ended."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, demo_env, read_summary, run_entrypoint, step_losses
 
+from sft.settings import from_env
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +34,7 @@ class Pair:
     out: Path
     first_code: int
     first_runs: dict  # run/trackers.json after the first start
+    running_env_file: subprocess.CompletedProcess  # `config --env OUT` while the first start ran
 
 
 def _start(env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -54,12 +57,14 @@ def pair(tmp_path_factory) -> Pair:
         assert proc.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.05)
+    running = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "config", "--env", str(out)], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
     os.kill(proc.pid, signal.SIGTERM)  # docker stop
     proc.wait(timeout=400)
     runs = json.loads((out / "run" / "trackers.json").read_text())
     second = run_entrypoint(env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    return Pair(env, out, proc.returncode, runs)
+    return Pair(env, out, proc.returncode, runs, running)
 
 
 def wandb_records(path: Path) -> list:
@@ -134,3 +139,16 @@ def test_no_tracker_key_is_written(pair):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
 
+
+def test_config_env_reproduces_the_jobs_settings_running_and_ended(pair):
+    """The env file `config --env OUT` prints, read back as `docker run --env-file` reads it, gives the settings the
+    job recorded; the secret in the job's environment is not in it."""
+    ended = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "config", "--env", str(pair.out)],
+                           env=pair.env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    recorded = json.loads((pair.out / "run" / "settings.json").read_text())
+    for printed in (pair.running_env_file, ended):
+        assert printed.returncode == 0, printed.stderr[-3000:]
+        assert SECRET not in printed.stdout + printed.stderr
+        variables = dict(line.split("=", 1) for line in printed.stdout.splitlines() if line and line[0] != "#")
+        assert "SFT_REPORT_TO" in variables and all(k.startswith("SFT_") for k in variables)
+        assert from_env(variables).to_dict() == recorded
