@@ -47,10 +47,16 @@ def _print_version(ctx: click.Context, param, value: bool) -> None:
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="The job's version, its code's sha256 and the libraries' versions.")
+@click.option("--config", "job_file", metavar="FILE", help="A YAML job file of settings, as SFT_CONFIG names one "
+              "(the environment wins over it).")
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, job_file: str | None) -> None:
     """Fine-tune a model as the SFT_* environment variables say. With no command: `run`."""
     _close_stdin()
+    if job_file is not None:  # read as the settings read SFT_CONFIG, in this process and every one it starts
+        import os
+
+        os.environ["SFT_CONFIG"] = job_file
     transport.choose()  # before anything imports huggingface_hub, which reads it then; the ranks inherit it
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
@@ -107,9 +113,15 @@ def status(target: str, revision: str | None, as_json: bool, check: bool, stalle
               "detected).")
 @click.option("--host-memory", type=click.FloatRange(min=0, min_open=True), help="Host RAM per node in GiB (default: "
               "detected).")
-def config(gpus: int | None, gpu_memory: float | None, host_memory: float | None) -> None:
+@click.option("--env", "env_of", is_flag=False, flag_value="", default=None, metavar="[FOLDER]",
+              help="Instead: the settings as an env file (`docker run --env-file`) that reproduces them: the job's "
+              "in its output FOLDER, finished or running, or with no FOLDER this environment's. No secret is in it.")
+def config(gpus: int | None, gpu_memory: float | None, host_memory: float | None, env_of: str | None) -> None:
     """Print the resolved settings, every decision (the data's too), the Trainer's arguments and DeepSpeed's JSON: for
     this machine, or the one --gpus and --gpu-memory describe (as `plan` takes them)."""
+    if env_of is not None:
+        commands.env_file(env_of or None)
+        return
     commands.config(gpus, gpu_memory, host_memory)
 
 

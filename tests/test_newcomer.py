@@ -82,7 +82,7 @@ def test_a_new_tracker_is_one_file(copy, tmp_path):
     (copy / "sft/tracking.py").write_text(source.replace('"mlflow": "mlflow"}', '"mlflow": "mlflow", "clearml": "clearml"}'))
     assert changed(copy) == ["sft/tracking.py"]
     subprocess.run([sys.executable, "scripts/settings_table.py"], cwd=copy, check=True, timeout=120)
-    assert "wandb or mlflow or clearml (not in the image" in (copy / "docs/settings.md").read_text()
+    assert "; clearml (not in the image: add them to your own)" in (copy / "docs/settings.md").read_text()
     refused = config(copy, tmp_path, SFT_REPORT_TO="clearml")
     assert refused.returncode == 2 and "clearml is not installed in this image" in refused.stderr
     (tmp_path / "site" / "clearml").mkdir(parents=True)

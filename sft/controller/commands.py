@@ -106,6 +106,29 @@ def config(gpus: int | None = None, gpu_memory: float | None = None, host_memory
                            "trainer": spec.trainer, "deepspeed": filled}, indent=2, default=str))
 
 
+def env_file(folder: str | None) -> None:
+    """The settings as an env file that reproduces them: a job's, from the settings.json it wrote in its output
+    folder at its start (so a running job's too), or else this environment's (SFT_CONFIG's file included)."""
+    from ..settings import files
+
+    if folder is None:
+        s, problems = prepare.settings()
+        if problems:
+            refuse("settings are", problems)
+        click.echo(files.env_file(s, "the settings of this environment" + (f" and {s.config}" if s.config else "")),
+                   nl=False)
+        return
+    path = Path(folder) / "run" / "settings.json"
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        fail(f"{folder}: cannot read {path} ({getattr(e, 'strerror', None) or e}): expected the output folder of a "
+             "job that started (it writes run/settings.json at its start)", exitcodes.BAD_SETTINGS)
+    known = {f.name for f in dataclasses.fields(Settings)}
+    s = Settings(**{k: v for k, v in recorded.items() if k in known})  # a later version's own settings: left out
+    click.echo(files.env_file(s, f"the settings of the job in {folder} ({path})"), nl=False)
+
+
 def data(rows: int, per_token: bool, of_eval: bool) -> None:
     """The data checked as the job checks it, then its first rows as tokenised, the loss-carrying tokens marked."""
     from ..data import DataError, show

@@ -9,10 +9,12 @@ from typing import Any
 from ..settings import env_name
 
 # How a run is started, watched, paced and uploaded, not what it trains: these may differ between the
-# starts of one run. Every other setting (those added later too) counts as a different run.
+# starts of one run. Every other setting (those added later too) counts as a different run. config: where the
+# settings were written (a job file or the environment); what they say is compared, setting by setting.
 HOW_IT_RUNS = frozenset({
     "probe_steps", "batch_search", "gpus", "cpu_ranks", "launcher", "price_per_hour", "hub_repo", "upload_minutes",
-    "save_minutes", "save_steps", "stop_grace_seconds", "node_timeout_seconds", "output_dir",
+    "save_minutes", "save_steps", "save_background", "stop_grace_seconds", "node_timeout_seconds", "output_dir",
+    "config",
 })
 
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import devtools, evaluation, patches
+from . import devtools, evaluation, patches, trackers
 from .patches import reads, seqpar, universal
 from .hold import Hold
 from .cadence import SaveClock
@@ -113,7 +113,7 @@ def build_trainer(spec: RunSpec, on_gpu: bool, stop: StopRequest, report: RankRe
     # a developer's tools (dev: sft/dev/, where one asked) around the rank's own; a universal checkpoint's load
     # repaired (nothing otherwise)
     callbacks = [*(dev.callbacks_first() if dev else []), callback, *(dev.callbacks_last(spec) if dev else []),
-                 universal.OwnSteps()]
+                 universal.OwnSteps(), trackers.RecordRuns(Path(spec.run_dir)) if rank0_of_training else None]
     trainer = reads.trainer_class()(model=spec.model, args=config, train_dataset=dataset, eval_dataset=eval_dataset,
                          callbacks=[c for c in callbacks if c is not None])
     for c in callbacks:
@@ -193,6 +193,7 @@ def _stamp(report: RankReport, on_gpu: bool) -> None:
 
 
 def _finish(spec: RunSpec, report: RankReport, on_gpu: bool, code: int) -> int:
+    trackers.close(code)
     _stamp(report, on_gpu)
     try:
         report.save(RankReport.path(Path(spec.report_dir), spec.mode, report.rank))

@@ -52,6 +52,10 @@ class Settings:
     """Everything a run needs, as resolved from the environment. Each field is one variable: field `micro_batch` is
     `SFT_MICRO_BATCH`; its help is what `entrypoint.py --help` and docs/settings.md show."""
 
+    config: str | None = _setting(None, "A YAML job file of settings, for one brought from TRL (`trl sft --config`) "
+                                  "or Axolotl: keys are these settings' names (learning_rate, or SFT_LEARNING_RATE) "
+                                  "or TRL's for them (model_name_or_path, num_train_epochs, ...: docs/settings.md); "
+                                  "the environment wins over it. Also `entrypoint.py --config FILE`.")
     # what is trained on: the model, its data, the tokens learned, the evaluation
     model: str = _setting("Qwen/Qwen3-8B", "Model: a Hub name or a local folder.")
     model_revision: str | None = _setting(None, "The Hub model's branch, tag or commit; resolved to a commit at start "

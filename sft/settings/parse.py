@@ -10,6 +10,7 @@ import os
 from typing import Any, Mapping
 
 from .. import nodes
+from . import files
 from .checks import check
 from .fields import CHECKPOINTING, FLOAT_MAX, INT_MAX, LAUNCHERS, PREFIX, SWITCH, TRUE, FALSE, Settings
 from .problems import SettingsError, bad
@@ -40,10 +41,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     """Read, parse and check every SFT_* variable; raise SettingsError listing every problem."""
     environ = os.environ if environ is None else environ
     fields = {env_name(f.name): f for f in dataclasses.fields(Settings)}
-    problems = _unknown_variables(environ, fields)
+    given, job = files.merged(environ)  # SFT_CONFIG's job file, the environment over it
+    problems = job.problems + _unknown_variables(environ, fields)
     values = {}
     for var, f in fields.items():
-        raw = environ.get(var)
+        raw = given.get(var)
         if raw is None or raw.strip() == "":
             continue
         if "\x00" in raw:  # no path, name or number holds one (the environment itself cannot carry it)
@@ -54,12 +56,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         except ValueError as e:
             problems.append(bad(var, raw, str(e)))
     problems += nodes.problems(environ, values.get("launcher", LAUNCHERS[0]))
-    if values.get("batch_search", "auto") == "auto" and any(environ.get(v, "").strip() for v in (
+    if values.get("batch_search", "auto") == "auto" and any(given.get(v, "").strip() for v in (
             env_name("micro_batch"), env_name("grad_accum"))):
         values["batch_search"] = "false"  # a split the user wrote is kept as written
     # A value that did not parse keeps its default here, so one typo does not hide the other problems.
     settings = Settings(**values)
-    problems += check(settings)
+    problems = files.located(problems + check(settings), job)
     if problems:
         raise SettingsError(problems, settings)
     return settings
