@@ -22,7 +22,7 @@ the uploads (upload_finished's seconds). goodput = steps / wall. Tokens / wall a
 
 Written for the CPU here (the demo model and data, two CPU ranks) as for a GPU machine: with `--set model=DIR` the
 demo's settings are left out. `--compare`: the cadence before issue 42 (SFT_SAVE_STEPS=200, synchronous saves with
-SFT_SAVE_BACKGROUND=0) against the new defaults, in one invocation, each in its own folder.
+SFT_SAVE_BACKGROUND=false) against the new defaults, in one invocation, each in its own folder.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from sft.events import read_events  # noqa: E402  (the job's own reader of its e
 
 DEMO = dict(model=str(REPO / "demo" / "tiny-qwen3"), dataset=str(REPO / "demo" / "chat.jsonl"), max_length="128",
             micro_batch="1", grad_accum="1", probe_steps="10", learning_rate="2e-3")
-OLD_CADENCE = dict(save_steps="200", save_background="0")  # the README's recipe before issue 42, saves in the step
+OLD_CADENCE = dict(save_steps="200", save_background="false")  # the README's recipe before issue 42, saves in the step
 # bf16 dense FLOP/s by a word of the device's name: the H200's is the one measured here (scripts/bench.py)
 PEAK = {"H200": 790e12}
 SUMMED = ("start to decision", "probe", "steps", "blocked by saves", "evaluation", "final model", "end", "other")
@@ -170,7 +170,7 @@ def table(runs: list[dict]) -> str:
 @click.command()
 @click.option("--set", "overrides", multiple=True, help="KEY=VALUE: an SFT_ setting over the demo's; with "
               "model=DIR, over the job's defaults.")
-@click.option("--compare", is_flag=True, help="Also run the old cadence (SFT_SAVE_STEPS=200, SFT_SAVE_BACKGROUND=0) "
+@click.option("--compare", is_flag=True, help="Also run the old cadence (SFT_SAVE_STEPS=200, SFT_SAVE_BACKGROUND=false) "
               "before the new defaults.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the figures here.")
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), help="Folder for the output folders and "
