@@ -12,8 +12,8 @@ from .console import say
 from .handoff import CheckpointRecord, read_json
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-# A file written in the background is in this folder beside its place until whole (ranks/patches/background.py): the
-# same name, so torch.save's file is the same byte for byte (it names its records after the file)
+# A file written in the background is in a folder beside its place until whole, WRITING-RANK (ranks/patches/
+# background.py): the same name, so torch.save's file is the same byte for byte (it names its records after the file)
 WRITING = ".sft-writing"
 SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
@@ -55,7 +55,7 @@ def problem(checkpoint: Path) -> str | None:
     """
     if not (checkpoint / "trainer_state.json").is_file():
         return "no trainer_state.json"
-    writing = sorted(p.name for p in checkpoint.rglob(f"{WRITING}/*"))
+    writing = sorted(p.name for p in checkpoint.rglob(f"{WRITING}-*/*"))
     if writing:  # its files are written while the steps go on: complete once moved to their place
         return f"still being written ({', '.join(writing)})"
     if read_json(checkpoint / "trainer_state.json") is None:  # the Trainer writes it in place: a full disk tears it
@@ -105,7 +105,7 @@ def unwritten_bytes(path: Path) -> int:
     """Bytes the folder's files still being written in the background will take: each is its final size already
     (torch.save's file with its records left as holes) but holds only the blocks written so far."""
     total = 0
-    for found in path.rglob(f"{WRITING}/*"):
+    for found in path.rglob(f"{WRITING}-*/*"):
         try:
             st = found.stat()
         except FileNotFoundError:

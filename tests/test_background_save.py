@@ -46,7 +46,7 @@ def test_the_file_is_the_tensors_as_they_were_when_saved(tmp_path, crc32_off):
     (tmp_path / "ref").mkdir()  # the same name: torch.save writes it into the file
     torch.save(expected, tmp_path / "ref" / "optim.pt")
     assert (folder / "optim.pt").read_bytes() == (tmp_path / "ref" / "optim.pt").read_bytes()
-    assert not list(tmp_path.rglob(checkpoints.WRITING))
+    assert not list(tmp_path.rglob(f"{checkpoints.WRITING}*"))  # its folder too, once the writer waited
     [done] = writer.written()
     assert done.folder == str(tmp_path / "checkpoint-5") and done.files == 1 and done.bytes > 36_000_000
 
@@ -92,7 +92,7 @@ def test_a_failed_write_is_raised_in_the_training_thread_and_leaves_no_file(tmp_
     folder = tmp_path / "checkpoint-7" / "global_step7"
     folder.mkdir(parents=True)
     saving.save(state(2), folder / "optim.pt", writer)
-    for skeleton in (folder / checkpoints.WRITING).iterdir():  # taken away under the writer
+    for skeleton in (folder / f"{checkpoints.WRITING}-0").iterdir():  # taken away under the writer
         skeleton.unlink()
     try:
         writer.wait()
@@ -111,11 +111,11 @@ def test_rotation_keeps_the_complete_checkpoint_while_the_newest_is_written(tmp_
     out = tmp_path / "out"
     make_checkpoint(out, 10, ranks=1)
     make_checkpoint(out, 20, ranks=1)
-    (out / "checkpoint-20" / checkpoints.WRITING).mkdir()
-    (out / "checkpoint-20" / checkpoints.WRITING / "latest").write_text("")  # still being written
+    (out / "checkpoint-20" / f"{checkpoints.WRITING}-1").mkdir()
+    (out / "checkpoint-20" / f"{checkpoints.WRITING}-1" / "latest").write_text("")  # still being written
     transformers.trainer.rotate_checkpoints(output_dir=str(out), save_total_limit=1, use_mtime=False)
     assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-10", "checkpoint-20"]
-    (out / "checkpoint-20" / checkpoints.WRITING / "latest").unlink()
+    (out / "checkpoint-20" / f"{checkpoints.WRITING}-1" / "latest").unlink()
     transformers.trainer.rotate_checkpoints(output_dir=str(out), save_total_limit=1, use_mtime=False)
     assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-20"]
 
@@ -151,4 +151,4 @@ def test_a_checkpoints_safetensors_written_in_the_background_is_read_by_safetens
     (tmp_path / "final").mkdir()  # the final model: written at once, by safetensors itself
     final = {k: v.contiguous() for k, v in expected.items()}  # as save_pretrained hands them over
     transformers.modeling_utils.safe_save_file(final, str(tmp_path / "final" / "model.safetensors"))
-    assert (tmp_path / "final" / "model.safetensors").is_file() and not (tmp_path / "final" / checkpoints.WRITING).exists()
+    assert (tmp_path / "final" / "model.safetensors").is_file() and not list((tmp_path / "final").glob(f"{checkpoints.WRITING}*"))

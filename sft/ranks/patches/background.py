@@ -8,7 +8,7 @@ checkpointing (torch.distributed.checkpoint.async_save) writes its own format, w
 the Trainer's resume reads. Here each file is the one torch.save writes (saving.py), copied out in about a second
 and written while the next steps run.
 
-A file takes its place only once whole: it is written into a .sft-writing folder beside it and moved at the end, so a
+A file takes its place only once whole: it is written into a .sft-writing-RANK folder beside it and moved at the end, so a
 checkpoint with such a file in it is not complete (sft/checkpoints.py): the uploader waits for it and a resume never picks it,
 and a killed process leaves a checkpoint that is plainly torn. One checkpoint is written at a time: a new save, the
 end of training and a stop wait for the one in flight (`wait`), and a write's failure (a full disk) is raised in the
@@ -119,8 +119,17 @@ class Writer:
         self._failure: BaseException | None = None
         self._current: Written | None = None  # the checkpoint whose files are being taken or written
         self._done: list[Written] = []
+        self._made: set[str] = set()  # this rank's writing folders, removed once empty (wait)
         self.slower_s = 0.0  # each file waits this long before its rename (the tests' slow disk: sft/dev/faults.py)
         threading.Thread(target=self._run, name="checkpoint-background", daemon=True).start()
+
+    def skeleton(self, final: str) -> str:
+        """Where `final` is written until whole: a folder of this rank's beside it (the ranks write into one
+        checkpoint folder at once, and a folder shared by them could be removed under another rank's new file)."""
+        folder = os.path.join(os.path.dirname(final), f"{WRITING}-{os.environ.get('RANK', '0')}")
+        os.makedirs(folder, exist_ok=True)
+        self._made.add(folder)
+        return os.path.join(folder, os.path.basename(final))
 
     def snapshot(self, sources: list[torch.Tensor], offsets: list[int], temporary: str, final: str) -> None:
         """Copy the sources (each a tensor's bytes: 1-D uint8) into the arena, GPU copies queued on a side stream
@@ -185,8 +194,6 @@ class Writer:
             os.close(fd)
         time.sleep(self.slower_s)
         os.replace(job.temporary, job.final)
-        with contextlib.suppress(OSError):  # its folder goes with its last file
-            os.rmdir(os.path.dirname(job.temporary))
         with self._lock:
             done = job.folder
             done.bytes, done.files = done.bytes + job.nbytes, done.files + 1
@@ -218,6 +225,10 @@ class Writer:
             if self._current is not None:
                 self._current.sealed = True
                 self._settle()
+        for folder in self._made:  # nothing of this rank's is left in them
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        self._made.clear()
         self.arena.reset()
         self.check()
 

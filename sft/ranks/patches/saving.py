@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from ...checkpoints import WRITING
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +41,11 @@ def save(obj, path: str | os.PathLike, writer=None) -> bool:
     With a `writer` (background.Writer), the storages are copied out and written while the steps go on: the file
     takes its name once whole."""
     path = os.fspath(path)
-    skeleton = os.path.join(os.path.dirname(path), WRITING, os.path.basename(path)) if writer is not None else path
+    skeleton = writer.skeleton(path) if writer is not None else path
     try:
         storages = _storages(obj)
         if any(s.device.type not in ("cpu", "cuda") for s in storages):
             raise ValueError("a storage on neither the host nor a CUDA device")
-        os.makedirs(os.path.dirname(skeleton) or ".", exist_ok=True)
         with torch.serialization.skip_data():
             torch.save(obj, skeleton)
         offsets = _record_offsets(skeleton, storages)

@@ -11,12 +11,10 @@ bytes); safetensors reads the file back (tests/test_background_save.py).
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 import torch
 
-from ...checkpoints import WRITING
 
 DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -43,8 +41,7 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[st
     """`filename` as safetensors writes it, its tensors copied out now and written by `writer` later."""
     tensors = {name: t.contiguous() for name, t in tensors.items()}
     first, offsets = header(tensors, metadata)
-    skeleton = os.path.join(os.path.dirname(filename), WRITING, os.path.basename(filename))
-    os.makedirs(os.path.dirname(skeleton), exist_ok=True)
+    skeleton = writer.skeleton(filename)
     with open(skeleton, "wb") as f:
         f.write(first)
         f.truncate(offsets[-1] + _nbytes(list(tensors.values())[-1]) if tensors else len(first))
