@@ -50,8 +50,9 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 test:  ## the test suite (CPU; GPU tests skip with their reason)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest 25: CI has 90 minutes
 
-docs:  ## write docs/settings.md's table from the settings' help texts (a test keeps them equal)
+docs:  ## write docs/settings.md's table from the settings' help texts, docs/host.md from the planner (tests keep them equal)
 	$(PY) scripts/settings_table.py
+	$(PY) scripts/host_table.py
 
 # the build arguments the release workflow passes too (scripts/image-args.sh): what a release pushes is what this builds
 image:  ## build the image users run (CUDA devel base of CUDA_LINE) and print its size
