@@ -27,3 +27,12 @@ def test_the_table_counts_parameters_as_the_job_does_and_sizes_disk_as_the_prefl
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "8.19 B"
     assert cells[2] == f"{round((3 * 14 + 2 + 2) * 8_190_735_360 / 1e9):,} GB"
+
+
+def test_the_readmes_summary_quotes_the_table():
+    """The README's five lines name Qwen3-8B's disk at ZeRO-3 and its host RAM with `3-offload` from docs/host.md."""
+    row = next(line for line in _generator().sizes().splitlines() if line.startswith("| Qwen3-8B |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    readme = (REPO / "README.md").read_text()
+    assert f"Qwen3-8B at ZeRO-3: {cells[2]} under `/data`" in readme
+    assert f"Qwen3-8B with `3-offload` about {cells[4]} per node" in readme
