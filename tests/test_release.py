@@ -63,6 +63,12 @@ def test_a_version_tag_pushes_to_ghcr_with_the_workflows_token():
     build = uses["docker/build-push-action"]["with"]
     assert build["push"] is True and build["file"] == "Dockerfile"
     assert build["tags"] == "${{ steps.meta.outputs.tags }}"
+    # the name the README's first command pulls: ghcr.io/OWNER/sft-zero
+    assert uses["docker/metadata-action"]["with"]["images"] == "${{ steps.args.outputs.image }}"
+    args = next(s for s in steps if s.get("id") == "args")
+    assert 'echo "image=ghcr.io/${OWNER,,}/sft-zero"' in args["run"]
+    assert args["env"]["OWNER"] == "${{ github.repository_owner }}"
+    assert "ghcr.io/OWNER/sft-zero:latest" in (REPO / "README.md").read_text()
 
 
 def test_each_cuda_line_is_tagged_and_latest_is_the_default_lines_only():
