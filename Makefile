@@ -7,7 +7,9 @@ PYTHON ?= python3.11
 VENV ?= .venv
 # the image tag `make image` builds and `make run` starts
 IMAGE ?= sft-zero:latest
-# override the Dockerfile's pinned CUDA devel base (empty: its default)
+# the CUDA line of `make image`: 13.0 (NVIDIA driver >= 580) or 12.6 (driver >= 525; docs/host.md)
+CUDA_LINE ?= 13.0
+# override the Dockerfile's pinned CUDA devel base of CUDA_LINE (empty: its default)
 BASE_IMAGE ?=
 # the docker command; it must build with BuildKit (the buildx plugin, or Debian's docker.io CLI)
 DOCKER ?= docker
@@ -48,13 +50,15 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 test:  ## the test suite (CPU; GPU tests skip with their reason)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest 25: CI has 90 minutes
 
-docs:  ## write docs/settings.md's table from the settings' help texts (a test keeps them equal)
+docs:  ## write docs/settings.md's table from the settings' help texts, docs/host.md from the planner (tests keep them equal)
 	$(PY) scripts/settings_table.py
+	$(PY) scripts/host_table.py
 
-image:  ## build the image users run (CUDA devel base) and print its size
+# the build arguments the release workflow passes too (scripts/image-args.sh): what a release pushes is what this builds
+image:  ## build the image users run (CUDA devel base of CUDA_LINE) and print its size
+	args=$$(VERSION=$(VERSION) SOURCE_URL=$(SOURCE_URL) scripts/image-args.sh $(CUDA_LINE)) && \
 	DOCKER_BUILDKIT=1 $(DOCKER) build $(DOCKER_BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
-	  $(if $(PIP_CERT),--secret id=pipcert$(comma)src=$(PIP_CERT)) \
-	  --build-arg VERSION=$(VERSION) --build-arg SOURCE_URL=$(SOURCE_URL) -t $(IMAGE) .
+	  $(if $(PIP_CERT),--secret id=pipcert$(comma)src=$(PIP_CERT)) $$(printf -- '--build-arg %s ' $$args) -t $(IMAGE) .
 	@$(DOCKER) images $(IMAGE) --format 'image {{.Repository}}:{{.Tag}}: {{.Size}}'
 
 image-cuda-standin:  ## `make image` on a stand-in CUDA base from NVIDIA's PyPI wheels, checked inside (no GPU; not in CI)

@@ -4,8 +4,9 @@
 # The CI variant is the real Dockerfile with two build arguments: BASE_IMAGE=local/debian:bookworm (made
 # by scripts/docker-engine.sh, as no registry is reachable here) and TORCH_WHEELS=local (the CPU torch
 # wheel from this machine, instead of PyPI's CUDA build). Then:
-#   hygiene  hadolint; labels; non-root user; tini as PID 1; no apt or pip cache; no CA bundle and no
-#            token in `docker history`, the image config or any layer of `docker save`
+#   hygiene  hadolint; labels; non-root user; tini as PID 1; no apt or pip cache; CPU Adam prebuilt, with no
+#            instruction beyond x86-64-v3 (objdump); no CA bundle and no token in `docker history`, the image
+#            config or any layer of `docker save`
 #   run      the container as a user runs it (variables only, one mounted folder) on the embedded demo:
 #            probe, training, final/ and the summary on the mounted folder, readable by the host user
 #   stop     `docker stop` mid-run: exit code 143 within the stop timeout, a checkpoint and the summary
@@ -99,6 +100,32 @@ leftovers=$("$DOCKER" run --rm --user 0 --entrypoint /usr/bin/find "$IMAGE" \
 check "no apt lists or cache, pip cache or build leftovers (${leftovers:-none})" test -z "$leftovers"
 check "CPU Adam is prebuilt in the package" "$DOCKER" run --rm --entrypoint /opt/venv/bin/python "$IMAGE" -c \
   "import deepspeed.git_version_info as v; assert v.installed_ops['cpu_adam']"
+# The Dockerfile's CPU_OPS_MARCH (x86-64-v3, AVX2): no instruction of the prebuilt library beyond it, whatever the
+# build machine's CPU (this one's may have AVX-512, which DeepSpeed's own -march=native would use). objdump is the
+# image's own (binutils, which g++ brings); each instruction's bytes are read: in 64-bit code a first opcode byte
+# 0x62 is EVEX, AVX-512's encoding, whatever registers it names.
+"$DOCKER" run --rm --entrypoint /bin/sh "$IMAGE" -c \
+  'objdump -d --insn-width=16 /opt/venv/lib/python3*/site-packages/deepspeed/ops/adam/cpu_adam_op*.so' \
+  > "$work/cpu_adam.asm" || true
+check "CPU Adam uses no instruction beyond x86-64-v3 (AVX2): objdump" python3 - "$work/cpu_adam.asm" <<'PY'
+import re, sys
+legacy_prefixes = {0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF0, 0xF2, 0xF3}
+total = ymm = 0
+beyond = []
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*[0-9a-f]+:\t((?:[0-9a-f]{2} )+)\s*\t(\S.*)", line)
+    if not m:
+        continue
+    total += 1
+    code, text = [int(b, 16) for b in m.group(1).split()], m.group(2).strip()
+    first = next((b for b in code if b not in legacy_prefixes), None)
+    ymm += "%ymm" in text
+    if first == 0x62 or "%zmm" in text or re.search(r"%k[0-7]\b", text) or "%tmm" in text:
+        beyond.append(text)
+print(f"  {total} instructions, {ymm} on ymm registers (AVX2); beyond x86-64-v3 (EVEX, zmm, mask or tile "
+      f"registers): {len(beyond)} {beyond[:5]}")
+sys.exit(0 if total and ymm and not beyond else 1)
+PY
 "$DOCKER" run --rm --entrypoint /bin/cat "$IMAGE" /etc/ssl/certs/ca-certificates.crt > "$work/image-ca.crt"
 "$DOCKER" history --no-trunc --format '{{.CreatedBy}}' "$IMAGE" > "$work/history.txt"
 "$DOCKER" image inspect "$IMAGE" > "$work/config.json"

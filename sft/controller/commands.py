@@ -260,12 +260,18 @@ def job(probe_only: bool) -> int:
     """`run` and `probe`: the job, with what runs best from the process's start begun before the settings' inputs
     are read, and stopped if they are refused: FlashAttention-4's import check (machine.early_import_check says
     why) and, where the settings themselves are valid, the ranks (standby.py)."""
+    from ..version import version
     from . import job as recipe
-    from . import standby
+    from . import preflight, standby
 
     s, problems = prepare.settings()  # the nodes' variables among them
     check = machine.early_import_check(s.attention)
     gpus = machine.gpus()
+    driver = preflight.check_driver(*machine.driver_facts(gpus), len(gpus), version())
+    if driver.status == preflight.FAIL:  # before any rank: with no GPU torch can use, each would fail or train on CPU
+        if check is not None:
+            check.cancel()
+        fail(driver.message, exitcodes.PREFLIGHT)
     where = nodes.from_env(os.environ) if not problems else nodes.Nodes()
     ranks, refused = prepare.ranks(s, Machine(gpus=gpus, nodes=where.nnodes))
     problems += refused

@@ -23,6 +23,7 @@ from ..nodes import free_port
 from ..planner.inputs import GPU, Machine, Ranks
 from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
 from ..settings.checks import flash_attention_4_installed, liger_available
+from ..version import version
 
 ALLREDUCE_BYTES = 256 * 2**20
 
@@ -35,6 +36,9 @@ class Facts:
     output_dir: str
     nvcc: str | None = None  # the CUDA release of the nvcc DeepSpeed's op builder would find
     torch_cuda: str | None = None  # the CUDA torch was built for
+    driver: str | None = None  # the NVIDIA driver's version, read where torch's CUDA sees no GPU (nvidia_driver)
+    driver_gpus: tuple[str, ...] = ()  # the GPUs nvidia-smi lists then
+    version: str = ""  # the image's (sft/version.py): a release's names its tags
     cpu_adam: tuple[bool, bool, bool] = (True, False, False)  # compatible, prebuilt, built before
     shm_bytes: int = 0
     free_disk_bytes: int = 0
@@ -49,9 +53,8 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
     """Everything a start checks; cheap (no GPU work; no subprocess but nvcc --version, and FlashAttention-4's
     import where a GPU could run it and SFT_ATTENTION allows it, running in the background: `early`'s if the
     entrypoint started it (`early_import_check`), else started here; `settled` waits for it, once the Hub and
-    the data are checked). `found`: the GPUs, where the caller read them already (once a start)."""
-    import torch
-
+    the data are checked); nvidia-smi where torch's CUDA sees no GPU. `found`: the GPUs, where the caller read them
+    already (once a start)."""
     found = gpus() if found is None else found
     could_run = flash_attention_4_may_run(found, attention)
     if early is not None and not could_run:
@@ -59,8 +62,10 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
     machine = Machine(gpus=found, host_memory_bytes=host_memory_available(), memlock_bytes=memlock_limit(),
                       liger_installed=liger_available(), flash_attention_4_installed=flash_attention_4_installed(),
                       nodes=nodes)
-    return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=torch.version.cuda, cpu_adam=cpu_adam_facts(),
-                 shm_bytes=shm_size(), free_disk_bytes=free_disk(output_dir),
+    cuda, driver, driver_gpus = driver_facts(found)
+    return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=cuda, driver=driver, driver_gpus=driver_gpus,
+                 version=version(), cpu_adam=cpu_adam_facts(), shm_bytes=shm_size(),
+                 free_disk_bytes=free_disk(output_dir),
                  import_check=(early or early_import_check(attention)) if could_run else None)
 
 
@@ -159,6 +164,35 @@ class ImportCheck:
         if self.child.poll() is None:
             self.child.kill()
         self.child.communicate()
+
+
+def driver_facts(found: Sequence[GPU]) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """torch's CUDA, and where torch's CUDA sees none of the GPUs (`found`) nvidia-smi's driver and GPUs: what
+    preflight.check_driver reads."""
+    cuda = torch_cuda()
+    return (cuda, *nvidia_driver()) if cuda and not found else (cuda, None, ())
+
+
+def torch_cuda() -> str | None:
+    """The CUDA torch was built for ("13.0"), None for a CPU build. SFTTEST_TORCH_CUDA stands in for it where tests run
+    the driver check on a CPU build (tests/test_driver.py)."""
+    import torch
+
+    return os.environ.get("SFTTEST_TORCH_CUDA") or torch.version.cuda
+
+
+def nvidia_driver() -> tuple[str | None, tuple[str, ...]]:
+    """The NVIDIA driver's version ("580.65.06") and the GPUs' names, from nvidia-smi, which answers whatever the
+    driver's age (torch sees no GPU when its CUDA is newer than the driver); (None, ()) without an answer."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"], check=False,
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None, ()
+    rows = [[cell.strip() for cell in line.split(",", 1)] for line in done.stdout.splitlines() if "," in line]
+    if done.returncode != 0 or not rows:
+        return None, ()
+    return rows[0][0], tuple(name for _, name in rows)
 
 
 def nvcc_version(path: str | None = None, cuda_home: str | None = None,

@@ -84,6 +84,57 @@ def check_gpus(gpus: Sequence[tuple[str, int]], wanted: int | None = None) -> Ch
     return Check("gpus", OK, found, data)
 
 
+# --- The NVIDIA driver against the CUDA torch was built for
+
+# The oldest driver each CUDA major runs on, by NVIDIA's minor version compatibility (the CUDA Compatibility guide's
+# table: CUDA 13.x >= 580, 12.x >= 525; docs/host.md). torch brings its CUDA libraries, the host brings the driver.
+MIN_DRIVER = {"13": 580, "12": 525}
+# The image's CUDA lines, newest first: the Dockerfile's CUDA_LINE; a release tags each VERSION-cudaLINE (release.yml).
+CUDA_LINES = ("13.0", "12.6")
+FORWARD_COMPATIBILITY = "https://docs.nvidia.com/deploy/cuda-compatibility/forward-compatibility.html"
+
+
+def check_driver(torch_cuda: str | None, driver: str | None, driver_gpus: Sequence[str], gpus_seen: int,
+                 version: str = "") -> Check:
+    """The host's driver runs torch's CUDA. Where it is too old torch sees no GPU, and the job would go on to CPU ranks
+    or fail inside one: say so before any rank starts, and which image, driver or package would run.
+    driver and driver_gpus: nvidia-smi's, read only where torch sees no GPU; version: the image's (a release's tag)."""
+    if not torch_cuda:
+        return Check("driver", INFO, "torch is a CPU build: no NVIDIA driver needed")
+    if gpus_seen:
+        return Check("driver", OK, f"the driver runs torch's CUDA {torch_cuda} ({gpus_seen} GPU(s) visible)")
+    if driver is None:
+        return Check("driver", INFO, f"no NVIDIA driver here (no nvidia-smi): CPU ranks. For the GPUs: docker run "
+                     "--gpus all")
+    major = int(re.match(r"\d*", driver).group() or 0)
+    need = MIN_DRIVER.get(torch_cuda.split(".")[0], 0)
+    data = {"driver": driver, "torch_cuda": torch_cuda, "needs": need, "gpus": list(driver_gpus)}
+    if major >= need:
+        return Check("driver", WARN, f"NVIDIA driver {driver} runs CUDA {torch_cuda}, and nvidia-smi lists "
+                     f"{len(driver_gpus)} GPU(s), yet torch sees none: check CUDA_VISIBLE_DEVICES and docker run "
+                     "--gpus", data)
+    return Check("driver", FAIL, f"NVIDIA driver {driver} is too old for this image: its torch is built for CUDA "
+                 f"{torch_cuda}, which needs driver {need} or newer, so torch sees no GPU. "
+                 + driver_remedies(major, torch_cuda, need, driver_gpus, version), data)
+
+
+def driver_remedies(major: int, torch_cuda: str, need: int, gpu_names: Sequence[str], version: str) -> str:
+    """What runs on a driver of this major: another CUDA line of the image, a newer driver, or NVIDIA's forward
+    compatibility package (data center GPUs only: no GeForce card has it)."""
+    lines = [line for line in CUDA_LINES if line != torch_cuda and MIN_DRIVER[line.split(".")[0]] <= major]
+    release = re.fullmatch(r"v?(\d+\.\d+\.\d+\S*)", version)
+    ways = [f"the image's CUDA {lines[0]} line ("
+            + (f"tag {release.group(1)}-cuda{lines[0]}" if release else f"`make image CUDA_LINE={lines[0]}`")
+            + f", for drivers {MIN_DRIVER[lines[0].split('.')[0]]} and newer)"] if lines else []
+    ways.append(f"a driver upgraded to {need} or newer")
+    if not any("geforce" in name.lower() for name in gpu_names):
+        ways.append(f"on data center GPUs, where NVIDIA supports this driver branch, its CUDA forward compatibility "
+                    f"package cuda-compat-{torch_cuda.replace('.', '-')} (in NVIDIA's CUDA base images) first on the "
+                    f"loader's path: docker run -e LD_LIBRARY_PATH=/usr/local/cuda-{torch_cuda}/compat ... "
+                    f"({FORWARD_COMPATIBILITY})")
+    return "What runs here: " + "; or ".join(ways) + "."
+
+
 # --- nvcc and DeepSpeed's CPU Adam (optimizer offload)
 
 
@@ -234,6 +285,7 @@ def run(facts: Facts, needs: Needs) -> list[Check]:
     gpus = [(g.name, g.memory_bytes) for g in m.gpus]
     n = len(gpus)
     checks = [
+        check_driver(facts.torch_cuda, facts.driver, facts.driver_gpus, n, facts.version),
         check_gpus(gpus, needs.gpus),
         check_nvcc(facts.nvcc, facts.torch_cuda, needs.offload, has_gpu=n > 0),
         check_cpu_adam(*facts.cpu_adam, offload=needs.offload),
