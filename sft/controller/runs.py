@@ -131,7 +131,8 @@ def make_spec(s: Settings, d: Decision, paths: Paths, mode: str, output_dir: Pat
     rows' tokens."""
     trainer = arguments(Run(s, d, mode, str(output_dir), max_steps, ds_config))
     return RunSpec(
-        mode=mode, model=s.model, data=dataclasses.replace(d.data, tokens=tokens), trainer=trainer,
+        mode=mode, model=s.model, trainer=trainer,
+        data=dataclasses.replace(d.data, tokens=tokens) if d.data is not None else None,
         stage=d.stage.name, attention=d.attention,
         compile=d.compile, report_dir=str(paths.reports), stop_file=str(paths.stop_file), final_dir=str(paths.final),
         record=d.record(), resume=str(resume) if resume else None, report_to=s.report_to, run_dir=str(paths.run),

@@ -225,10 +225,10 @@ class Writer:
             if self._current is not None:
                 self._current.sealed = True
                 self._settle()
-        for folder in self._made:  # nothing of this rank's is left in them
+        for folder in list(self._made):  # removed once empty: nothing of this rank's is left in them
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
-        self._made.clear()
+                self._made.discard(folder)
         self.arena.reset()
         self.check()
 
