@@ -65,3 +65,12 @@ def test_the_real_entrypoint_refuses_the_data_folder_as_output_and_writes_nothin
     assert "Traceback" not in done.stderr + done.stdout
     assert f"SFT_OUTPUT_DIR={str(folder)!r}: is SFT_DATASET's folder" in done.stderr
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+@pytest.mark.parametrize("folder", ["/", "/proc", "/etc"])
+def test_a_system_folder_as_data_is_refused_without_walking_it(isolated_env, tmp_path, folder):
+    """Found by the fuzz harness (seed 46, case 94): SFT_EVAL_DATASET=/ walked the whole filesystem, and a /proc
+    entry that vanished while listed came back as a FileNotFoundError traceback."""
+    found = problems(eval_dataset=folder, output_dir=str(tmp_path / "out"))
+    assert any(p.startswith(f"SFT_EVAL_DATASET='{folder}': ") and "is a system folder, not a dataset's" in p
+               for p in found), found

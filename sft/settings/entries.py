@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .names import hub_name_problem, not_a_name
+from .system import is_system
 
 # datasets' builder for each local file format
 LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -102,7 +103,11 @@ def problems(var: str, value: str) -> list[str]:
 
 
 def _folder_problems(path: Path) -> list[str]:
-    formats = {LOADERS[p.suffix] for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()}
+    if is_system(path):  # not walked: the whole filesystem, and /proc's entries vanish as they are listed
+        return [f"{os.path.realpath(path)} is a system folder, not a dataset's: give the folder of the data files"]
+    # os.walk, not rglob: a folder that vanishes while listed is skipped, not raised
+    formats = {LOADERS[Path(name).suffix] for root, _, names in os.walk(path) for name in names
+               if Path(name).suffix in DATA_SUFFIXES and os.path.isfile(os.path.join(root, name))}
     if not formats:
         return [f"a folder with no {', '.join(DATA_SUFFIXES)} file, and not one written by datasets' save_to_disk"]
     if len(formats) > 1:  # datasets would read the most common format alone, silently dropping the others

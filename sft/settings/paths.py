@@ -14,10 +14,7 @@ from pathlib import Path
 from .entries import Entry, parse
 from .problems import bad
 
-# The system's own folders: nothing of the job goes in them or under them (resolved: /lib may be a link to /usr/lib)
-SYSTEM = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr")
-# The top folders that hold others' files: a folder under them is fine, the folder itself is not
-SHARED = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/run", "/srv", "/tmp", "/var")
+from .system import SHARED, SYSTEM, resolved
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, in bytes (a longer name fails at the first mkdir)
 
 
@@ -55,13 +52,9 @@ def _system(real: Path) -> str | None:
     if str(real) in SHARED:
         return (f"{real} is {'the filesystem root' if str(real) == '/' else 'a system folder'}: the job writes "
                 "checkpoints, final/ and run/ there; give a folder of its own, such as /data/output")
-    if any(real == Path(s) or Path(s) in real.parents for s in _resolved(SYSTEM)):
+    if any(real == Path(s) or Path(s) in real.parents for s in resolved(SYSTEM)):
         return f"{real} is in the system's folders: give a folder of its own, such as /data/output"
     return None
-
-
-def _resolved(folders: tuple[str, ...]) -> set[Path]:
-    return {Path(f) for f in folders} | {Path(os.path.realpath(f)) for f in folders if os.path.exists(f)}
 
 
 def _overlaps(outs: set[Path], s) -> list[str]:
