@@ -140,8 +140,7 @@ def test_changed_rows_a_new_template_or_loss_make_them_again(kept):
 
 
 @pytest.mark.parametrize("packing", [True, False])
-@pytest.mark.parametrize("extra", [{}, {"long_rows": "drop", "eval_fraction": 0.1}, {"loss_on": "assistant",
-                                                                                     "chat_template": str(TEMPLATE)}])
+@pytest.mark.parametrize("extra", [{}, {"long_rows": "drop", "eval_fraction": 0.1}])
 def test_sfttrainer_prepares_the_same_rows_from_the_tokens_as_from_the_rows(isolated_env, tmp_path, packing, extra):
     """What the ranks hand SFTTrainer (sources.build, with the data step's tokens and without), prepared by TRL's own
     _prepare_dataset with the ranks' arguments: the same rows, tokens and labels, in the same order."""
@@ -157,6 +156,17 @@ def test_sfttrainer_prepares_the_same_rows_from_the_tokens_as_from_the_rows(isol
     theirs, ours = labeller.prepare(from_rows, packing), labeller.prepare(from_tokens, packing)
     columns = ["input_ids", "labels", *(["seq_lengths"] if packing else [])]
     assert ours.select_columns(columns).to_dict() == theirs.select_columns(columns).to_dict()
+
+
+def test_assistant_only_loss_rows_go_to_sfttrainer_untokenised(isolated_env, tmp_path):
+    """TRL refuses assistant_only_loss on rows already tokenised ("the dataset is not conversational"): with
+    SFT_LOSS_ON=assistant the ranks get the rows themselves, tokens kept or not."""
+    s = _settings(tmp_path, loss_on="assistant", chat_template=str(TEMPLATE))
+    found = data_step.read(s, Ranks(1, ()))
+    plan, _ = data_rules.plan(s, found.facts)
+    from_tokens, _ = build(_with(plan, tokens_step.keep(found.tokens)))
+    assert "input_ids" not in from_tokens.column_names
+    assert from_tokens.to_dict() == build(plan)[0].to_dict()
 
 
 def _with(plan, tokens: str):

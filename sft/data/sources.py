@@ -38,8 +38,11 @@ def build(plan: DataPlan) -> tuple[Dataset, Dataset | None]:
     from .longrows import without
     from .shapes import shape_of
 
+    # TRL refuses assistant_only_loss on rows already tokenised ("the dataset is not conversational"): those
+    # rows are tokenised by SFTTrainer itself, as before the data step kept its tokens
+    tokens = plan.tokens if plan.loss_on != "assistant" else ""
     train = held = None
-    if plan.eval_fraction > 0 or not plan.tokens:
+    if plan.eval_fraction > 0 or not tokens:
         loaded = load_all(plan.train, "SFT_DATASET", plan.drop_empty)
         train = combine(loaded, plan.train, shape_of(loaded[0]).columns, plan.seed)
     if plan.eval_fraction > 0:
@@ -47,8 +50,8 @@ def build(plan: DataPlan) -> tuple[Dataset, Dataset | None]:
     elif plan.eval:
         evaluation = load_all(plan.eval, "SFT_EVAL_DATASET", plan.drop_empty)
         held = combine(evaluation, plan.eval, shape_of(evaluation[0]).columns, plan.seed)
-    if plan.tokens:
-        train = load_from_disk(plan.tokens)
+    if tokens:
+        train = load_from_disk(tokens)
     return without(train, plan.dropped), held
 
 
