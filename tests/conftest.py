@@ -28,6 +28,17 @@ def clean_environ(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
+def crc32_off():
+    """torch.save without a CRC32 of each record, as the ranks save (ranks/patches/checkpoints.py)."""
+    from torch.utils.serialization import config
+
+    before = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    yield
+    config.save.compute_crc32 = before
+
+
+@pytest.fixture
 def isolated_env(monkeypatch, tmp_path):
     """Every variable the job reads, cleared for this test (the job reads os.environ directly)."""
     for key in list(os.environ):

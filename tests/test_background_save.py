@@ -21,16 +21,6 @@ def state(seed: int) -> dict:
     return {"flat": flat, "view": flat[3:50], "bf16": torch.randn(300, 70, generator=g).bfloat16(), "n": 4}
 
 
-@pytest.fixture
-def crc32_off():
-    from torch.utils.serialization import config
-
-    before = config.save.compute_crc32
-    config.save.compute_crc32 = False  # as the ranks save (checkpoints.checkpoints_without_crc32)
-    yield
-    config.save.compute_crc32 = before
-
-
 def test_the_file_is_the_tensors_as_they_were_when_saved(tmp_path, crc32_off):
     writer = background.Writer()
     folder = tmp_path / "checkpoint-5" / "global_step5"

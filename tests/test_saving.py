@@ -11,7 +11,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils.serialization import config
 
 from sft.ranks.patches import saving
 
@@ -33,14 +32,6 @@ def state() -> dict:
             "long": torch.arange(100_000), "empty": torch.empty(0), "holder": Holder(torch.ones(5)),
             "fragment": Fragment(torch.full((4,), 2.0)), "transposed": torch.randn(50, 60).t(),
             "nested": collections.OrderedDict(z=torch.zeros(3), y=[torch.tensor(1.5), 4, "text", None])}
-
-
-@pytest.fixture
-def crc32_off():
-    before = config.save.compute_crc32
-    config.save.compute_crc32 = False  # as the ranks save (checkpoints.checkpoints_without_crc32)
-    yield
-    config.save.compute_crc32 = before
 
 
 def test_the_file_is_torch_saves_byte_for_byte(tmp_path, crc32_off):
