@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # make_synthetic, also when loaded by path (tests/test_host_table.py)
 
 from sft import stages  # noqa: E402
 from sft.controller.inputs import model_shape  # noqa: E402
@@ -20,22 +21,8 @@ from sft.planner import disk  # noqa: E402
 from sft.planner.memory import model_states  # noqa: E402
 from sft.units import GB  # noqa: E402
 
-# Qwen3's published shapes (each model's config.json on the Hub), written out so that no download is needed.
-QWEN3 = {
-    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       tie_word_embeddings=True),
-    "Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       tie_word_embeddings=True),
-    "Qwen3-4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     tie_word_embeddings=True),
-    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                     tie_word_embeddings=False),
-    "Qwen3-14B": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
-                      tie_word_embeddings=False),
-    "Qwen3-32B": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
-                      tie_word_embeddings=False),
-}
-QWEN3_COMMON = dict(num_key_value_heads=8, head_dim=128, vocab_size=151936)
+from make_synthetic import SHAPES, qwen3_config  # noqa: E402  Qwen3's published shapes, written out once there
+
 # The GPU architectures of torch 2.13's builds of each line, from PyTorch's RELEASE.md ("PyTorch CUDA Support
 # Matrix", the same for 2.13 and 2.14: pytorch/pytorch#197555) and the CUDA matrix RFC of 2.14 (pytorch/pytorch#190355).
 # Ada (8.9) runs the 8.6 code. torch.cuda.get_arch_list() in an image prints its own.
@@ -94,14 +81,13 @@ def drivers() -> str:
 
 
 def sizes() -> str:
-    from transformers import Qwen3Config
-
     z3, _ = disk.checkpoint_bytes_per_param(True, 3, disk.DEFAULT_OPTIMIZER)
     z12, _ = disk.checkpoint_bytes_per_param(True, 2, disk.DEFAULT_OPTIMIZER)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, config in QWEN3.items():
-            Qwen3Config(**config, **QWEN3_COMMON).save_pretrained(Path(tmp) / name)  # config.json only
+        for key in SHAPES:
+            name = "Qwen3-" + key.removeprefix("qwen3-").upper()
+            qwen3_config(key).save_pretrained(Path(tmp) / name)  # config.json only
             shape = model_shape(str(Path(tmp) / name))
             p = shape.total_params
             cache = FINAL_MODEL_BYTES_PER_PARAM * p  # the base model's 16-bit weights, downloaded

@@ -32,6 +32,10 @@ SHAPES = {
                      num_key_value_heads=8, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-14b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                      num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                      num_key_value_heads=8, tie_word_embeddings=False),
 }
 # Words the demo tokenizer encodes as one token each (after a space), so words = tokens, near enough.
 WORDS = ("purple Spain capital red Chile system Italy after Egypt Nairobi sun plum Tokyo sky Santiago Rome "
