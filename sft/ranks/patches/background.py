@@ -212,10 +212,6 @@ class Writer:
                 self._current.sealed = True
                 self._settle()
 
-    def writing(self) -> bool:
-        with self._lock:
-            return self._pending > 0
-
     def wait(self) -> None:
         """Until every queued file is written; then the arena is free for the next checkpoint. Raises a write's
         failure."""
