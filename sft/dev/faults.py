@@ -28,8 +28,8 @@ def inject(spec: RunSpec) -> None:
 
 
 def slow_writes() -> None:
-    """SFTTEST_WRITE_SECONDS: each checkpoint file written in the background waits that long before it takes its
-    name (a slow disk), so a test can stop or kill the job while a checkpoint is being written."""
+    """SFTTEST_WRITE_SECONDS: each checkpoint file written in the background waits that long before its bytes are
+    written (a slow disk), so a test can stop or kill the job while a checkpoint is being written."""
     seconds = float(os.environ.get("SFTTEST_WRITE_SECONDS") or 0)
     if seconds > 0:
         from ..ranks.patches import background

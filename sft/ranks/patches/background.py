@@ -120,7 +120,7 @@ class Writer:
         self._current: Written | None = None  # the checkpoint whose files are being taken or written
         self._done: list[Written] = []
         self._made: set[str] = set()  # this rank's writing folders, removed once empty (wait)
-        self.slower_s = 0.0  # each file waits this long before its rename (the tests' slow disk: sft/dev/faults.py)
+        self.slower_s = 0.0  # each file waits this long before its bytes are written (the tests' slow disk: sft/dev/faults.py)
         threading.Thread(target=self._run, name="checkpoint-background", daemon=True).start()
 
     def skeleton(self, final: str) -> str:
@@ -186,13 +186,13 @@ class Writer:
 
         if job.copied is not None:
             job.copied.synchronize()
+        time.sleep(self.slower_s)
         fd = os.open(job.temporary, os.O_WRONLY)
         try:
             for future in [writers.submit(_pwrite, fd, piece, offset) for piece, offset in job.pieces]:
                 future.result()
         finally:
             os.close(fd)
-        time.sleep(self.slower_s)
         os.replace(job.temporary, job.final)
         with self._lock:
             done = job.folder
