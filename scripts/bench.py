@@ -36,6 +36,8 @@ CONFIGS = {
     "seed-zero2": dict(zero_stage="2", packing="false", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
                        attention="sdpa", compile="false", **NO_LIGER),
     "default": dict(),  # the image's defaults, nothing set
+    "adamw": dict(optimizer="adamw"),  # the defaults with full-precision AdamW state, whatever auto would take
+    "adamw-8bit": dict(optimizer="adamw-8bit"),  # ... with bitsandbytes' 8-bit AdamW state
     "pack-z2-mb1-ckpt": dict(zero_stage="2", micro_batch=1, grad_accum=4, gradient_checkpointing="true",
                              attention="sdpa", **NO_LIGER),
     "pack-z2-mb2-nockpt": dict(zero_stage="2", micro_batch=2, grad_accum=2, gradient_checkpointing="false",

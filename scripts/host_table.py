@@ -52,16 +52,17 @@ DISK = """
 Disk: the output folder holds `SFT_SAVE_TOTAL_LIMIT` + 1 checkpoints while the newest is written (2 + 1 by
 default), then `final/` (16-bit weights); the Hugging Face cache (`HF_HOME`, under the same mounted folder)
 holds the base model's 16-bit weights. A checkpoint's bytes per parameter (bf16, AdamW) are {z3} at ZeRO-3 and
-{z12} at ZeRO-1 and 2, which also save the module's weights (sft/planner/disk.py). The preflight checks the
-output folder's share before training; GB are 10^9 bytes.
+{z12} at ZeRO-1 and 2, which also save the module's weights, and {z8} at ZeRO-1 and 2 with 8-bit AdamW state
+(`SFT_OPTIMIZER`; sft/planner/disk.py). The preflight checks the output folder's share before training; GB are
+10^9 bytes.
 
 Host RAM: with optimizer offload (`3-offload`, which the planner picks only where nothing else fits on the
 GPUs) the fp32 master weights and Adam's moments live in host RAM; with `3-offload-all` the weights too.
 DeepSpeed's estimate per node of {gpus} GPUs, as the planner and the preflight use it. Without offload the
 host holds no model states beyond what loading needs.
 
-| model | parameters | disk, ZeRO-3 | disk, ZeRO-1/2 | host RAM, `3-offload` | host RAM, `3-offload-all` |
-|---|---|---|---|---|---|
+| model | parameters | disk, ZeRO-3 | disk, ZeRO-1/2 | disk, ZeRO-1/2 8-bit | host RAM, `3-offload` | host RAM, `3-offload-all` |
+|---|---|---|---|---|---|---|
 """
 CPU = """
 ## CPU
@@ -83,6 +84,7 @@ def drivers() -> str:
 def sizes() -> str:
     z3, _ = disk.checkpoint_bytes_per_param(True, 3, disk.DEFAULT_OPTIMIZER)
     z12, _ = disk.checkpoint_bytes_per_param(True, 2, disk.DEFAULT_OPTIMIZER)
+    z8, _ = disk.checkpoint_bytes_per_param(True, 2, stages.EIGHT_BIT_OPTIM)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for key in SHAPES:
@@ -92,12 +94,12 @@ def sizes() -> str:
             p = shape.total_params
             cache = FINAL_MODEL_BYTES_PER_PARAM * p  # the base model's 16-bit weights, downloaded
             kept = (SAVE_TOTAL_LIMIT + 1) * p
-            on_disk = [kept * per + FINAL_MODEL_BYTES_PER_PARAM * p + cache for per in (z3, z12)]
+            on_disk = [kept * per + FINAL_MODEL_BYTES_PER_PARAM * p + cache for per in (z3, z12, z8)]
             host = [model_states(stages.get(s), p, shape.largest_layer_params, GPUS_PER_NODE)[1]
                     for s in ("3-offload", "3-offload-all")]
-            rows.append(f"| {name} | {p / 1e9:.2f} B | {on_disk[0] / GB:,.0f} GB | {on_disk[1] / GB:,.0f} GB | "
-                        f"{host[0] / GB:,.0f} GB | {host[1] / GB:,.0f} GB |")
-    return DISK.format(z3=f"{z3:g}", z12=f"{z12:g}", gpus=GPUS_PER_NODE) + "\n".join(rows) + "\n"
+            rows.append(f"| {name} | {p / 1e9:.2f} B | " + " | ".join(f"{d / GB:,.0f} GB" for d in on_disk)
+                        + f" | {host[0] / GB:,.0f} GB | {host[1] / GB:,.0f} GB |")
+    return DISK.format(z3=f"{z3:g}", z12=f"{z12:g}", z8=f"{z8:g}", gpus=GPUS_PER_NODE) + "\n".join(rows) + "\n"
 
 
 def render() -> str:

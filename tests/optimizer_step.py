@@ -1,7 +1,8 @@
 """DeepSpeed's ZeRO-1 or 2 step against the job's (sft/ranks/patches/zero_step.py::zero_step_in_one_pass) on the same
 training: real DeepSpeed in bf16 on CPU ranks (gloo), torch's AdamW with two parameter groups (weight decay and none, as
 the Trainer makes them) and a learning rate that changes each step, clipping on; four steps with DeepSpeed's own step,
-then the same four from the same weights with the job's. Then the job's engine saves a checkpoint, a fresh engine with
+then the same four from the same weights with the job's. FUSED "bnb8": bitsandbytes' 8-bit AdamW instead (the 8-bit
+options' optimizer, sft/ranks/patches/adamw8bit.py), its state read as bitsandbytes keeps it. Then the job's engine saves a checkpoint, a fresh engine with
 DeepSpeed's own step loads it, and both take one more step. Parameters of odd sizes, so with two ranks a parameter is
 split between them and the partitions are padded. Rank 0 prints one JSON line. Usage: python -m tests.optimizer_step
 PORT RANK WORLD_SIZE FUSED CHECKPOINT_DIR STAGE, from the repository root (run by tests/test_patches.py)."""
@@ -18,15 +19,19 @@ import torch  # noqa: E402
 from deepspeed.runtime.zero import stage_1_and_2 as zero  # noqa: E402
 from torch import nn  # noqa: E402
 
-from sft.ranks.patches import adamw, zero_step  # noqa: E402
+from sft.ranks.patches import adamw, adamw8bit, zero_step  # noqa: E402
 from sft.stages import shipped_config  # noqa: E402
 
 config = shipped_config(stage)
 config.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, train_batch_size=2 * int(world),
               gradient_clipping=0.5)
 config["bf16"]["enabled"] = True
+config["zero_allow_untested_optimizer"] = True  # as the Trainer sets it for an optimizer of its own making
 deepspeed.init_distributed(dist_backend="gloo")
 deepspeeds_step = zero.DeepSpeedZeroOptimizer.step
+# the state compared: torch's moments, or bitsandbytes' (8-bit moments and their blocks' absmax; a partition under
+# its min_8bit_size keeps 32-bit moments, with no absmax)
+STATE = ("state1", "state2") if fused == "bnb8" else ("exp_avg", "exp_avg_sq")
 
 
 def engine_of(seed: int = 0):
@@ -34,8 +39,13 @@ def engine_of(seed: int = 0):
     model = nn.Sequential(nn.Embedding(53, 27), nn.Linear(27, 41), nn.GELU(), nn.LayerNorm(41), nn.Linear(41, 53))
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
     rest = [p for n, p in model.named_parameters() if not (n.endswith("weight") and p.dim() > 1)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                                  lr=1e-2, betas=(0.9, 0.95), eps=1e-8, fused=fused == "fused")
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    if fused == "bnb8":
+        import bitsandbytes
+
+        optimizer = bitsandbytes.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, optim_bits=8)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, fused=fused == "fused")
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config)
     return engine
@@ -52,11 +62,15 @@ def train(engine, steps: int, seed: int) -> list[dict]:
         engine.backward(loss * 40)  # gradients far above the clipping's 0.5, so every step is clipped
         engine.step()
         zero_optimizer = engine.optimizer
-        state = [zero_optimizer.optimizer.state[m] for m in zero_optimizer.single_partition_of_fp32_groups]
+        masters = zero_optimizer.single_partition_of_fp32_groups
+        state = [zero_optimizer.optimizer.state[m] for m in masters]
+        # each partition less its padding, whose value no weight reads (and whose gradient DeepSpeed's step and the
+        # job's may fill apart)
+        kept = [m.numel() - pad for m, pad in zip(masters, zero_optimizer.groups_padding)]
         seen.append({"norm": float(engine.get_global_grad_norm()),
-                     "master": [m.tolist() for m in zero_optimizer.single_partition_of_fp32_groups],
-                     "exp_avg": [s["exp_avg"].tolist() for s in state],
-                     "exp_avg_sq": [s["exp_avg_sq"].tolist() for s in state],
+                     "master": [m[:n].tolist() for m, n in zip(masters, kept)],
+                     **{key: [s[key][:n].float().tolist() for s, n in zip(state, kept)] for key in STATE},
+                     "eight_bit": [s["state1"].dtype == torch.uint8 for s in state] if fused == "bnb8" else [],
                      "step": [float(s["step"]) for s in state],
                      "weights": [p.detach().float().flatten().tolist() for p in engine.module.parameters()]})
     return seen
@@ -66,8 +80,9 @@ deepspeeds = train(engine_of(), 4, seed=1)
 zero_step.zero_step_in_one_pass()
 zero_step.zero_step_in_one_pass()  # installed twice: wraps once
 calls = []
-real = adamw.step
-adamw.step = lambda *args: calls.append(args[1]) or real(*args)  # counts the groups the job's step served
+stepper = adamw8bit if fused == "bnb8" else adamw
+real = stepper.step
+stepper.step = lambda *args: calls.append(args[1]) or real(*args)  # counts the groups the job's step served
 job_engine = engine_of()
 jobs = train(job_engine, 4, seed=1)
 job_engine.save_checkpoint(folder, tag="t")

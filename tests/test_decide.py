@@ -21,6 +21,7 @@ Q4 = ModelShape("Qwen3-4B", 4_022_468_096, 388_956_160, 2560, 9728, 36, 32, 8, 1
 Q8 = ModelShape("Qwen3-8B", 8_190_735_360, 622_329_856, 4096, 12288, 36, 32, 8, 128, 151936, qk_norm=True)
 TINY = ModelShape("tiny", 120_000, 32_000, 64, 128, 2, 4, 2, 16, 500)
 H200 = GPU("NVIDIA H200", int(140.4 * GIB))
+H100 = GPU("NVIDIA H100 80GB HBM3", int(79.25 * GIB))
 ONE_H200 = Machine(gpus=(H200,), host_memory_bytes=120 * GIB, memlock_bytes=None, liger_installed=True)
 CPU_HOST = Machine(gpus=(), host_memory_bytes=20 * GIB, memlock_bytes=8 * 2**20, liger_installed=False)
 SEED_OFFLOAD = stages.shipped_config("3-offload")  # the seed guide's ds_zero3_offload.json, as the job ships it
@@ -139,6 +140,17 @@ def test_fewer_ranks_that_the_plan_says_cannot_hold_the_checkpoints_stage_are_wa
     assert "warning" not in decided(shape=Q4, record=CheckpointRecord("2", 2)).reasons["reshard"]
 
 
+def test_a_checkpoint_with_8bit_state_resumes_on_its_own_ranks_and_is_refused_on_others():
+    d = decided(record=CheckpointRecord("2-8bit", 1))  # the option the checkpoint records: its optimizer too
+    assert d.stage.name == "2-8bit" and d.reshard is None and d.reasons["stage"] == (
+        "ZeRO-2 8-bit AdamW (the checkpoint resumed)")
+    with pytest.raises(CannotRun) as e:
+        decided(record=CheckpointRecord("2-8bit", 2))
+    assert e.value.exit_code == exitcodes.PREFLIGHT
+    assert "written by 2 ranks with 8-bit AdamW state (ZeRO-2 8-bit AdamW)" in str(e.value)
+    assert str(e.value).endswith("Resume on 2 ranks (SFT_GPUS), or start a new run")
+
+
 def test_a_global_batch_that_the_new_ranks_cannot_share_evenly_is_refused():
     three = Machine(gpus=(H200,) * 3, host_memory_bytes=400 * GIB)
     with pytest.raises(CannotRun) as e:
@@ -225,7 +237,7 @@ def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
 
 
 def test_escalation_turns_checkpointing_on_then_moves_the_stage():
-    given = inputs_of(Settings(), ONE_H200, Q4)
+    given = inputs_of(Settings(optimizer="adamw"), ONE_H200, Q4)  # full precision (auto: test_escalation_..._8bit)
     d = decide.decide(given)
     on, change = decide.escalate(given, d, "the probe ran out of GPU memory")
     assert change == "turning gradient checkpointing on" and on.stage.name == "2"
@@ -243,8 +255,10 @@ def test_escalation_turns_checkpointing_on_then_moves_the_stage():
 
 
 def test_an_explicit_stage_does_not_escalate_and_names_the_next():
-    given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true"), ONE_H200, Q4)
+    given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true", optimizer="adamw"), ONE_H200, Q4)
     assert decide.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=3")
+    given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true"), ONE_H200, Q4)
+    assert decide.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=2-8bit")
 
 
 def test_escalating_into_offload_decides_pin_memory_for_it():
@@ -308,7 +322,7 @@ def test_auto_attention_is_flash_attention_4_for_compiled_layers_up_to_the_rows_
         assert d.attention == "flex_attention", kwargs
         assert f"(not FlashAttention-4: {why}" in d.reasons["attention"], (kwargs, d.reasons["attention"])
     # after running out of memory, the next stage (not compiled) takes flex attention with it: decided per stage
-    inputs = inputs_of(Settings(gradient_checkpointing="false"), with_fa4, Q4)
+    inputs = inputs_of(Settings(gradient_checkpointing="false", optimizer="adamw"), with_fa4, Q4)
     d = decide.decide(inputs)
     assert (d.attention, d.stage.name) == ("flash_attention_4", "2")
     after, change = decide.escalate(inputs, d, "out of memory")
@@ -335,7 +349,7 @@ def test_long_rows_fit_by_checkpointing_then_by_offloading_the_checkpoints():
     # the longest row each way of keeping the checkpoints allows, from the same terms as the peak
     assert 131072 <= at_128k.row.longest_row < 262144 <= at_256k.row.longest_row
     kept_on_gpu = decided(max_length=262144, gradient_checkpointing="true")  # no offloading: a stage that holds less
-    assert kept_on_gpu.stage.name.startswith("3") and kept_on_gpu.row.fits and not kept_on_gpu.split.offload_activations
+    assert kept_on_gpu.stage.name == "2-8bit" and kept_on_gpu.row.fits and not kept_on_gpu.split.offload_activations
 
 
 def test_a_cpu_host_never_offloads_checkpoints():
@@ -663,7 +677,7 @@ def test_auto_compiles_the_layers_on_gpus_with_zero_1_and_2_and_then_without_lig
 def test_auto_leaves_the_layers_uncompiled_where_memory_moves_it_to_zero_3():
     """A stage auto picks because ZeRO-1 and 2 do not fit is decided with its own compile and Liger."""
     roomy = Machine(gpus=(H200,), host_memory_bytes=400 * GIB, memlock_bytes=None, liger_installed=True)
-    d = decided(shape=Q8, machine=roomy)
+    d = decided(shape=Q8, machine=roomy, optimizer="adamw")  # full precision: 8-bit ZeRO-2 would fit
     assert (d.stage.name, d.compile, d.liger) == ("3-offload", False, True)
     assert d.reasons["compile"].startswith("off, auto with ZeRO-3-offload")
     assert d.reasons["liger"].startswith("on, auto on GPUs")
@@ -676,3 +690,50 @@ def test_checkpoints_by_time_are_as_many_steps_apart_as_fill_the_interval():
     assert disk.steps_between_saves(None, 1800.0, 0.4705) == 3826  # rounded up: the interval is the least between
     assert disk.steps_between_saves(None, 1.0, 5.0) == 1  # a step longer than the interval: each step
     assert disk.steps_between_saves(None, 1800.0, None) == 1  # speed unknown: the most checkpoints there can be
+
+
+def test_qwen3_8b_on_one_h200_takes_8bit_adamw_state_where_no_full_precision_option_fits():
+    """The seed's model on the GPU most people rent: no option with full-precision AdamW state fits its GPU, and
+    offloaded each step waits for the host; auto takes ZeRO-2 with 8-bit AdamW state, and says so. Forced to full
+    precision the job is told plainly that it does not fit, and what would."""
+    h200 = Machine(gpus=(H200,), host_memory_bytes=125 * GIB, memlock_bytes=None, liger_installed=True)
+    d = decided(shape=Q8, machine=h200)
+    assert (d.stage.name, d.stage.optimizer) == ("2-8bit", "adamw_bnb_8bit")
+    assert d.reasons["stage"].startswith("auto: ZeRO-2 8-bit AdamW, the lowest option that fits: ")
+    assert "no option with full-precision AdamW state fits the GPUs" in d.reasons["stage"]
+    assert d.reasons["optimizer"].startswith("8-bit AdamW (adamw_bnb_8bit: bitsandbytes")
+    assert d.row.states_not_made > 0  # the one-pass step makes no fp32 gradient partition
+    assert d.plan.row("2-8bit").model_states < d.plan.row("2").model_states
+    with pytest.raises(CannotRun) as refused:
+        decided(shape=Q8, machine=h200, optimizer="adamw")
+    assert refused.value.exit_code == exitcodes.PREFLIGHT
+    assert "no ZeRO option fits this machine" in str(refused.value)
+    assert "ZeRO-2 8-bit AdamW fits" in str(refused.value) and "SFT_OPTIMIZER=auto runs it" in str(refused.value)
+    assert "8-bit AdamW:" not in str(refused.value).split("(SFT_OPTIMIZER=adamw")[0]  # only the options allowed
+    forced = decided(shape=Q8, machine=h200, optimizer="adamw-8bit", zero_stage="3")
+    assert forced.stage.name == "3-8bit" and forced.reasons["stage"] == "ZeRO-3 8-bit AdamW (SFT_ZERO_STAGE)"
+
+
+def test_where_full_precision_fits_auto_keeps_it_and_an_optimizer_of_the_users_is_never_swapped():
+    d = decided()  # Qwen3-4B on one H200
+    assert d.stage.name == "2" and not d.stage.optimizer
+    assert d.reasons["optimizer"].startswith("AdamW, full precision: torch's fused AdamW")
+    smaller = Machine(gpus=(GPU("a GPU of 64 GiB", 64 * GIB),), host_memory_bytes=125 * GIB, memlock_bytes=None,
+                      liger_installed=True)
+    assert decided(machine=smaller).stage.name == "2-8bit"  # full precision fits no option on the GPU
+    theirs = decided(machine=smaller, trainer_args='{"optim": "adamw_torch"}')
+    assert theirs.stage.name == "3-offload" and theirs.reasons["optimizer"].startswith("AdamW, full precision: DeepS")
+    assert decided(trainer_args='{"optim": "adamw_torch"}').reasons["optimizer"] == "adamw_torch, as SFT_TRAINER_ARGS says"
+    two = decided(machine=dataclasses.replace(smaller, gpus=smaller.gpus * 2))
+    assert two.stage.name == "2"  # two GPUs: ZeRO-2 shards the state, full precision fits
+
+
+def test_escalation_after_running_out_of_memory_moves_to_8bit_state_on_one_gpu():
+    h100 = Machine(gpus=(H100,), host_memory_bytes=125 * GIB, memlock_bytes=None, liger_installed=True)
+    inputs = inputs_of(Settings(gradient_checkpointing="true"), h100, Q4)
+    d = decide.decide(inputs)
+    assert d.stage.name == "2"
+    nxt, change = decide.escalate(inputs, d, "out of memory")
+    assert nxt.stage.name == "2-8bit" and change == "moving to ZeRO 2-8bit"
+    kept = inputs_of(Settings(gradient_checkpointing="true", optimizer="adamw"), h100, Q4)
+    assert decide.escalate(kept, decide.decide(kept), "out of memory")[0].stage.name == "3"

@@ -27,7 +27,9 @@ SEED_OFFLOAD["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_
 
 
 def _seed(stage: str) -> dict:
-    """The seed's config for each option; ZeRO-1 and offload-all as the seed says to derive them."""
+    """The seed's config for each option; ZeRO-1 and offload-all as the seed says to derive them; an option with 8-bit
+    AdamW state is its stage's config (the optimizer is the Trainer's)."""
+    stage = stage.removesuffix("-8bit")
     if stage == "1":
         config = copy.deepcopy(SEED_ZERO2)
         config["zero_optimization"]["stage"] = 1  # "take ds_zero2.json and change the stage to 1"
@@ -49,7 +51,8 @@ def test_shipped_config_is_the_seeds(stage):
     expected["bf16"]["check_grad_overflow"] = False
     expected["timers"] = {"throughput": {"enabled": False}}
     assert stages.shipped_config(stage) == expected
-    assert stages.of_config(stages.shipped_config(stage)) == stages.get(stage)
+    optimizer = "adamw-8bit" if stages.get(stage).eight_bit else "auto"
+    assert stages.of_config(stages.shipped_config(stage), optimizer) == stages.get(stage)
 
 
 @pytest.mark.parametrize("stage", stages.NAMES)
@@ -94,7 +97,16 @@ def test_pin_memory_off_keeps_everything_else():
 
 
 def test_escalation_order_uses_less_gpu_memory_each_time():
-    assert [stages.next_after(s) for s in stages.NAMES] == ["2", "3", "3-offload", "3-offload-all", None]
+    """Full precision first, then 8-bit state at no lower a stage, then offload; as SFT_OPTIMIZER allows."""
+    assert stages.NAMES == ("1", "2", "3", "1-8bit", "2-8bit", "3-8bit", "3-offload", "3-offload-all")
+    assert [stages.next_after(s) for s in stages.NAMES] == ["2", "3", "3-8bit", "2-8bit", "3-8bit", "3-offload",
+                                                            "3-offload-all", None]
+    assert [stages.next_after(s, "adamw") for s in ("1", "2", "3")] == ["2", "3", "3-offload"]
+    assert [stages.next_after(s, "adamw-8bit") for s in ("1-8bit", "2-8bit", "3-8bit")] == ["2-8bit", "3-8bit", None]
+    # one GPU: ZeRO-3 shards nothing there, so 8-bit ZeRO-2 comes first, for auto and for the escalation
+    assert stages.preference(1) == ("2", "1", "2-8bit", "1-8bit", "3", "3-8bit", "3-offload", "3-offload-all")
+    assert [stages.next_after(s, world=1) for s in ("1", "2", "2-8bit", "3")] == ["2", "2-8bit", "3-8bit", "3-8bit"]
+    assert stages.next_after("2", "adamw", world=1) == "3"
 
 
 def test_a_users_config_is_named_by_what_it_offloads():

@@ -94,12 +94,12 @@ def test_a_new_tracker_is_one_file(copy, tmp_path):
 
 def test_the_stage_is_chosen_in_one_place():
     """How the stage is chosen when the model barely fits is one file's: planner/decide.py::_first_stage tries
-    stages.PREFERENCE in order and takes the first whose planned peak fits; the plan only estimates."""
+    stages.preference(world) in order and takes the first whose planned peak fits; the plan only estimates."""
     readers = []
     for path in sorted((ROOT / "sft").rglob("*.py")):
         names = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
-        if "PREFERENCE" in names:
+        if names & {"PREFERENCE", "preference"}:
             readers.append(str(path.relative_to(ROOT)))
     assert readers == ["sft/planner/decide.py"]
     plan = (ROOT / "sft/planner/plan.py").read_text()
-    assert "PREFERENCE" not in plan and "choice" not in plan
+    assert "PREFERENCE" not in plan and "preference" not in plan and "choice" not in plan

@@ -81,13 +81,15 @@ def test_the_gradient_norm_in_fp32_is_deepspeeds(world, tmp_path):
     assert result["job_nan"] == result["deepspeed_nan"] == [float("inf")]  # what the ranks stop on
 
 
-@pytest.mark.parametrize("world,fused,stage", [(1, "plain", "2"), (2, "fused", "2"), (2, "fused", "1")])
+@pytest.mark.parametrize("world,fused,stage", [(1, "plain", "2"), (2, "fused", "2"), (2, "fused", "1"), (1, "bnb8", "2"),
+                                               (2, "bnb8", "2")])
 def test_the_zero_step_in_one_pass_is_deepspeeds(world, fused, stage, tmp_path):
     """The job's ZeRO-1/2 step (torch's AdamW from the bf16 gradients, clipped, in one pass: sft/ranks/patches/adamw.py)
     against DeepSpeed's own on the same four clipped steps from the same weights, through real DeepSpeed ZeRO-2
     (and ZeRO-1) in bf16 on 1 and 2 CPU ranks (a parameter split between the ranks, padded partitions), two
     parameter groups (weight decay and none), a learning rate that changes each step, torch's AdamW fused and
-    not: the same
+    not, and bitsandbytes' 8-bit AdamW (sft/ranks/patches/adamw8bit.py; on one rank the decayed group's state is 8-bit,
+    on two each rank's partition is under bitsandbytes' min_8bit_size and keeps 32-bit moments): the same
     norms, the same Adam moments, the master weights within float32's rounding, the same bf16 weights; and a
     checkpoint the job's step saved loads into DeepSpeed's own and steps as the job's engine does."""
     import json
@@ -112,9 +114,12 @@ def test_the_zero_step_in_one_pass_is_deepspeeds(world, fused, stage, tmp_path):
     for deepspeeds, jobs in [*zip(result["deepspeed"], result["job"]), (result["after_loaded"][0],
                                                                         result["after_job"][0])]:
         assert jobs["norm"] == deepspeeds["norm"] > 0.5 and jobs["step"] == deepspeeds["step"]
-        for key in ("master", "exp_avg", "exp_avg_sq", "weights"):
+        moments = ("state1", "state2") if fused == "bnb8" else ("exp_avg", "exp_avg_sq")
+        for key in ("master", *moments, "weights"):
             for mine, theirs in zip(jobs[key], deepspeeds[key]):
                 assert mine == pytest.approx(theirs, rel=1e-6, abs=1e-8), key  # an update of ~1e-2: 1e-6 of it
+    if fused == "bnb8":
+        assert result["job"][0]["eight_bit"] == ([True, False] if world == 1 else [False, False])
     moved = [abs(a - b) for a, b in zip(result["job"][3]["master"][0], result["job"][0]["master"][0])]
     assert max(moved) > 1e-3  # the steps changed the weights: the comparison above is not of still weights
 

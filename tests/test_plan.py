@@ -138,7 +138,8 @@ def test_json_shape(one_pass):
     assert d["split"] == 8 and d["setup"]["sequence_parallel"] == 1  # 32 heads, 8 key/value: rows split over 8
     assert d["model"]["total_params"] == 8_190_735_360
     assert d["setup"]["gpu_budget"] == 71.32  # 79.25 GiB less 10% kept free
-    assert [o["option"] for o in d["options"]] == ["1", "2", "3", "3-offload", "3-offload-all"]
+    assert [o["option"] for o in d["options"]] == ["1", "2", "3", "1-8bit", "2-8bit", "3-8bit", "3-offload",
+                                                   "3-offload-all"]
     sizes = ["model_states", "activations", "logits", "buckets", "optimizer_step", "accumulation", "margin", "peak",
              "host", "states_not_made", "mask_build", "head_kept"]
     for o in d["options"]:
@@ -152,9 +153,10 @@ def test_json_shape(one_pass):
         terms = o["model_states"] - o["states_not_made"] + o["accumulation"] + phase + o["margin"]
         assert abs(o["peak"] - terms) <= 0.05  # each term rounded on its own
         # the one-pass step (ZeRO-1/2 only): no fp32 gradient partition, 4 bytes a parameter over 8 GPUs
-        expected = round(4 * -(-8_190_735_360 // 8) / 2**30, 2) if one_pass and o["option"] in ("1", "2") else 0
+        expected = round(4 * -(-8_190_735_360 // 8) / 2**30, 2) if one_pass and o["option"] in ("1", "2", "1-8bit", "2-8bit") else 0
         assert o["states_not_made"] == expected
-    assert d["options"][3]["fits_host"] is True and d["options"][1]["fits_host"] is None
+    by_name = {o["option"]: o for o in d["options"]}
+    assert by_name["3-offload"]["fits_host"] is True and by_name["2"]["fits_host"] is None
 
 
 def test_activation_terms():

@@ -78,7 +78,8 @@ def test_good_value(isolated_env, var, raw, field, value):
 
 
 BAD = [
-    ("SFT_ZERO_STAGE", "4", "expected one of auto, 1, 2, 3, 3-offload, 3-offload-all"),
+    ("SFT_ZERO_STAGE", "4", "expected one of auto, 1, 2, 3, 1-8bit, 2-8bit, 3-8bit, 3-offload, 3-offload-all"),
+    ("SFT_OPTIMIZER", "adam", "expected one of auto, adamw, adamw-8bit"),
     ("SFT_PROBE_STEPS", "-1", "expected at least 0"),
     ("SFT_PROBE_STEPS", "fifty", "expected a whole number"),
     ("SFT_MAX_STEPS", "0", "expected -1 (full epochs) or a positive number"),

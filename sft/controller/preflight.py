@@ -49,7 +49,7 @@ class Needs:
     @classmethod
     def of(cls, d: Decision, total_params: int | None, save_total_limit: int,
            trainer_args: Mapping[str, Any] | None = None) -> Needs:
-        optimizer = disk.optimizer_of(d.ds_config, trainer_args or {})
+        optimizer = disk.optimizer_of(d.ds_config, trainer_args or {}, d.stage)
         per_param, why = disk.checkpoint_bytes_per_param(d.bf16, d.stage.zero, optimizer)
         return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit, per_param,
                    disk.weight_bytes(d.bf16), why)

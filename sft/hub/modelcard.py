@@ -89,6 +89,15 @@ def _data_lines(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def _stage(summary: dict[str, Any]) -> str:
+    """The option as the card's first line says it: the optimizer too where its state was 8-bit."""
+    stage = str(summary.get("stage", "?"))
+    if stage.endswith("-8bit"):
+        return (f"ZeRO-{stage.removesuffix('-8bit')} with bitsandbytes' 8-bit AdamW (its moments in 8 bits, the master "
+                "weights in fp32)")
+    return f"ZeRO {stage}"
+
+
 def model_card(summary: dict[str, Any], repo_id: str, revision: str | None = None, plot: bool = True) -> str:
     """README.md for the repo, from the run's summary (run/summary.json)."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -103,7 +112,7 @@ def model_card(summary: dict[str, Any], repo_id: str, revision: str | None = Non
     body = f"""# {repo_id.split('/')[-1]}
 
 Full fine-tune of `{s.get('model', '?')}` on `{s.get('dataset', '?')}` (split `{s.get('dataset_split', 'train')}`)
-with TRL's SFTTrainer on DeepSpeed ZeRO {summary.get('stage', '?')}, {summary.get('ranks', '?')} rank(s).
+with TRL's SFTTrainer on DeepSpeed {_stage(summary)}, {summary.get('ranks', '?')} rank(s).
 
 {_data_lines(summary)}
 ## Use

@@ -151,5 +151,10 @@ OWNED: dict[str, str] = {a.name: a.owner for a in ARGUMENTS}  # SFT_TRAINER_ARGS
 
 
 def arguments(run: Run) -> dict[str, Any]:
-    """SFTConfig's keyword arguments: the job's and SFT_TRAINER_ARGS's (which may name none of the job's)."""
-    return {**{a.name: a.value(run) for a in ARGUMENTS}, **run.settings.extra_trainer_args}
+    """SFTConfig's keyword arguments: the job's and SFT_TRAINER_ARGS's (which may name none of the job's); and the
+    optimizer of an option with 8-bit state (stages.py). `optim` is no line of ARGUMENTS: SFT_TRAINER_ARGS may name
+    an optimizer of its own, and then no option with 8-bit state is chosen (settings/checks.py, planner/optimizer.py)."""
+    job = {a.name: a.value(run) for a in ARGUMENTS}
+    if run.decision.stage.optimizer:
+        job["optim"] = run.decision.stage.optimizer
+    return {**job, **run.settings.extra_trainer_args}

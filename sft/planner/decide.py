@@ -24,7 +24,7 @@ from ..handoff import Split
 from ..stages import Stage
 from ..units import GIB
 from . import data as data_rules
-from . import disk, memory, reshard, rules
+from . import disk, memory, optimizer, reshard, rules
 from .decision import Decision
 from .inputs import CannotRun, Inputs, Machine, Ranks
 from .plan import GPU_FREE_FRACTION, Plan, Row, Setup, estimate_row, longest_rows, plan_from_shape
@@ -69,7 +69,7 @@ def decide(inputs: Inputs) -> Decision:
 def _saved_in_background(inputs: Inputs, d: Decision) -> Decision:
     """Whether checkpoints are written while the steps go on, from what their snapshot takes of the host."""
     snapshot = disk.snapshot_bytes(inputs.shape.total_params, d.bf16, d.stage.zero,
-                                    disk.optimizer_of(d.ds_config, inputs.settings.extra_trainer_args),
+                                    disk.optimizer_of(d.ds_config, inputs.settings.extra_trainer_args, d.stage),
                                     d.ranks.nodes)
     on, why = rules.save_background(inputs.settings, inputs.machine, d.ranks, snapshot,
                                     d.row.host if d.offload else None)
@@ -136,39 +136,53 @@ def _batch_split(inputs: Inputs, ranks: Ranks, n: int) -> tuple[Split | Reshard,
 
 def _first_stage(inputs: Inputs, d: Decision) -> tuple[Stage, Mapping[str, Any], str, Split]:
     """The stage (and how checkpoints are kept) of a first start: the user's, the checkpoint's, or the
-    first in stages.PREFERENCE that fits, its checkpoints on the GPU if they fit, else in host memory."""
+    first in stages.preference that fits, its checkpoints on the GPU if they fit, else in host memory."""
     source = rules.stage_source(inputs)
+    allows = optimizer.optimizer_choice(inputs.settings)
     if inputs.user_config is not None:
-        stage = stages.of_config(inputs.user_config)
+        stage = stages.of_config(inputs.user_config, allows)
         config, why = inputs.user_config, f"{stage.label}, as your DeepSpeed file says (SFT_DS_CONFIG)"
     elif source is not None:
-        name = inputs.record.stage if inputs.record is not None else inputs.settings.zero_stage
+        name = inputs.record.stage if inputs.record is not None else stages.named(inputs.settings.zero_stage,
+                                                                                  allows)
         stage, config, why = stages.get(name), stages.shipped_config(name), f"{stages.get(name).label} ({source})"
     else:
-        for name in stages.PREFERENCE:
+        for name in (n for n in stages.preference(d.ranks.world) if stages.allowed(n, allows)):
             stage, config = stages.get(name), stages.shipped_config(name)
             at = _at_stage(inputs, d, stage, config)
             if (split := _fitting_level(inputs, at)) is not None:  # its figure the table's: the plan of `at`
                 p = _plan(inputs, at, split)
-                return stage, config, f"auto: {stage.label}, the lowest option that {p.row(name).why}", split
+                why = f"auto: {stage.label}, the lowest option that {p.row(name).why}"
+                if stage.eight_bit and allows == "auto":
+                    why += f"; {optimizer.full_precision_does_not_fit(p)}"
+                return stage, config, why, split
         p = _plan(inputs, d, _levels(inputs, d)[-1])
-        raise CannotRun(f"no ZeRO option fits this machine: {none_fits(p)}; {needs(p)}", exitcodes.PREFLIGHT, p)
+        raise CannotRun(f"no ZeRO option fits this machine: {none_fits(p, allows)}; {needs(p, allows)}",
+                        exitcodes.PREFLIGHT, p)
     at = _at_stage(inputs, d, stage, config)
     return stage, config, why, _fitting_level(inputs, at) or _levels(inputs, d)[-1]
 
 
-def none_fits(p: Plan) -> str:
-    """Why no option of the plan can run: each one's reason."""
+def none_fits(p: Plan, allows: str = "auto") -> str:
+    """Why no option of the plan that SFT_OPTIMIZER allows can run: each one's reason; and the option it does not
+    allow that would."""
     s = p.setup
     gpus = f"{s.total_gpus} x {s.gpu_memory_gib:g} GiB"
     host = "" if s.host_memory_gib is None else f" with {s.host_memory_gib:g} GiB of host RAM"
-    return f"nothing fits on {gpus}{host}: " + " | ".join(f"{stages.get(r.option).label}: {r.why}" for r in p.rows)
+    rows = [r for r in p.rows if stages.allowed(r.option, allows)]
+    text = f"nothing fits on {gpus}{host}: " + " | ".join(f"{stages.get(r.option).label}: {r.why}" for r in rows)
+    other = next((r for name in stages.PREFERENCE for r in p.rows
+                  if r.option == name and r.fits and not stages.allowed(name, allows)), None)
+    if other is not None:
+        text += (f" (SFT_OPTIMIZER={allows} allows no other; {stages.get(other.option).label} "
+                 f"{other.why}: SFT_OPTIMIZER=auto runs it)")
+    return text
 
 
-def needs(p: Plan) -> str:
+def needs(p: Plan, allows: str = "auto") -> str:
     """What a machine would need for the option of the lowest peak: GPUs of that much memory (GPU_FREE_FRACTION of
     each kept free) and, for offload, that much host RAM; and how to see the configuration for one."""
-    best = min(p.rows, key=lambda r: r.peak)
+    best = min((r for r in p.rows if stages.allowed(r.option, allows)), key=lambda r: r.peak)
     gib = best.peak / (1 - GPU_FREE_FRACTION) / GIB
     host = f" and {best.host / GIB:.1f} GiB of host RAM per node" if stages.get(best.option).offload else ""
     return (f"it would need {p.setup.total_gpus} GPU(s) of at least {gib:.1f} GiB each{host} ("
@@ -218,10 +232,12 @@ def _setup(inputs: Inputs, d: Decision, split: Split) -> Setup:
 
 def _one_pass_step(inputs: Inputs, d: Decision) -> bool:
     """Whether the ranks' ZeRO-1/2 step runs in one pass (sft/ranks/patches/zero_step.py::zero_step_in_one_pass, for
-    bf16 on GPUs with torch's fused AdamW, the Trainer's default, and no optimizer of the DeepSpeed file's own);
-    the planner then counts no fp32 gradient partition. Offload and ZeRO-3 are left to memory.py."""
-    optim = inputs.settings.extra_trainer_args.get("optim", "adamw_torch_fused")
-    return d.ranks.on_gpu and d.bf16 and optim == "adamw_torch_fused" and not d.ds_config.get("optimizer")
+    bf16 on GPUs with torch's fused AdamW, the Trainer's default, or the 8-bit options' AdamW, and no optimizer of
+    the DeepSpeed file's own); the planner then counts no fp32 gradient partition. Offload and ZeRO-3 are left to
+    memory.py."""
+    optim = d.stage.optimizer or inputs.settings.extra_trainer_args.get("optim", "adamw_torch_fused")
+    return (d.ranks.on_gpu and d.bf16 and optim in ("adamw_torch_fused", stages.EIGHT_BIT_OPTIM)
+            and not d.ds_config.get("optimizer"))
 
 
 def _plan(inputs: Inputs, d: Decision, split: Split) -> Plan:
@@ -236,7 +252,8 @@ def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, 
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
     d = _at_stage(inputs, d, stage, config)
-    d = _replace(d, reasons={**d.reasons, "stage": why})
+    d = _replace(d, reasons={**d.reasons, "stage": why, "optimizer": optimizer.optimizer_text(inputs.settings, stage,
+                                                                                          d.ds_config)})
     return _with_split(inputs, d, split or d.split)
 
 
@@ -312,7 +329,7 @@ def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, st
         change = "offloading the checkpoints to host memory" if on else "turning gradient checkpointing on"
         level = "offload" if on else "on"
         return _replace(d, reasons={**d.reasons, "gradient_checkpointing": f"{level}, auto: {why}"}), change
-    nxt = stages.next_after(d.stage.name) if d.stage.name in stages.NAMES else None
+    nxt = stages.next_after(d.stage.name, optimizer.optimizer_choice(s), d.ranks.world) if d.stage.name in stages.NAMES else None
     if rules.stage_source(inputs) is not None or nxt is None:
         return None, f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
     stage = stages.get(nxt)

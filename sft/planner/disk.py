@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..stages import Stage
+
 MASTER_BYTES = 4  # DeepSpeed's fp32 copy of the weights, which ZeRO keeps whatever the precision
 DEFAULT_OPTIMIZER = "adamw_torch"  # the Trainer's, unless SFT_TRAINER_ARGS or the DeepSpeed file name another
 # The optimizer's state tensors per parameter, by a word in its name (the Trainer's `optim` or DeepSpeed's
@@ -28,8 +30,11 @@ def weight_bytes(bf16: bool) -> int:
     return 2 if bf16 else 4
 
 
-def optimizer_of(ds_config: Mapping[str, Any], trainer_args: Mapping[str, Any]) -> str:
-    """The optimizer the ranks will run: the DeepSpeed file's own, else SFT_TRAINER_ARGS' optim, else the Trainer's."""
+def optimizer_of(ds_config: Mapping[str, Any], trainer_args: Mapping[str, Any], stage: Stage | None = None) -> str:
+    """The optimizer the ranks will run: the option's (8-bit AdamW), else the DeepSpeed file's own, else
+    SFT_TRAINER_ARGS' optim, else the Trainer's."""
+    if stage is not None and stage.optimizer:
+        return stage.optimizer
     section = ds_config.get("optimizer")
     if isinstance(section, Mapping) and isinstance(section.get("type"), str):
         return section["type"]

@@ -1,6 +1,7 @@
 """What one GPU holds at its peak under a ZeRO option: each term of the planner, in bytes.
 
-    model states    DeepSpeed's own estimator functions (called, not re-derived)
+    model states    DeepSpeed's own estimator functions (called, not re-derived); with 8-bit AdamW, less the
+                    moments' bytes it saves
   + accumulation    ZeRO-1/2 with several micro-batches per step: a 16-bit gradient partition
   + the larger of
       backward      activations (what autograd keeps; a Llama/Qwen-style decoder, SDPA or flash
@@ -28,6 +29,11 @@ from .shape import ModelShape
 # --- DeepSpeed's estimator, as the seed calls it
 ADDITIONAL_BUFFER_FACTOR = 1.5  # DeepSpeed's default
 ZERO_INIT = True  # Transformers shards the model while loading when the DeepSpeed config comes first
+ESTIMATOR_STATE_BYTES = 8  # per parameter: the two fp32 Adam moments DeepSpeed's estimators count
+# bitsandbytes' 8-bit AdamW (stages.EIGHT_BIT_OPTIM): two uint8 moments and, for each, an fp32 absmax per block of 256
+# (bitsandbytes/optim/optimizer.py, Optimizer8bit: blocksize 256); tensors under 4,096 elements stay fp32, but
+# DeepSpeed hands it one flat partition per parameter group.
+EIGHT_BIT_STATE_BYTES = 2 * (1 + 4 / 256)
 
 # --- Activations: elements autograd saves per token and layer, 16-bit (ACT_BYTES each)
 ACT_BYTES = 2
@@ -99,7 +105,16 @@ CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspace, NCCL buffers: outside 
 
 def model_states(stage: Stage, total_params: int, largest_layer_params: int,
                  gpus_per_node: int, nodes: int = 1) -> tuple[int, int]:
-    """(GPU bytes per GPU, host bytes per node) for the model states, from DeepSpeed's estimators."""
+    """(GPU bytes per GPU, host bytes per node) for the model states, from DeepSpeed's estimators (with 8-bit
+    AdamW, less what its moments save on each GPU)."""
+    gpu, host = _estimated_states(stage, total_params, largest_layer_params, gpus_per_node, nodes)
+    if stage.eight_bit:
+        gpu -= int((ESTIMATOR_STATE_BYTES - EIGHT_BIT_STATE_BYTES) * -(-total_params // (gpus_per_node * nodes)))
+    return gpu, host
+
+
+def _estimated_states(stage: Stage, total_params: int, largest_layer_params: int,
+                      gpus_per_node: int, nodes: int) -> tuple[int, int]:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import exitcodes
+from .. import exitcodes, stages
 from ..handoff import CheckpointRecord, Record, Split
 from ..stages import Stage
 from .inputs import CannotRun
@@ -60,6 +60,12 @@ def plan(record: CheckpointRecord, world: int, split: Split, seq: int = 1) -> tu
     settings'). Raises CannotRun when `world` cannot share its global batch evenly: another global batch
     would be another training, and the Trainer's skip of the rows already trained (counted in this start's
     micro-batches) would land elsewhere in the data."""
+    if record.stage in stages.NAMES and stages.get(record.stage).eight_bit:
+        raise CannotRun(
+            f"the checkpoint to resume was written by {ranks(record.world_size)} with 8-bit AdamW state "
+            f"({stages.get(record.stage).label}): bitsandbytes quantises each rank's slice in blocks of 256, which "
+            "DeepSpeed's universal checkpoint (fp32 moments by name) cannot convert to another number of ranks. "
+            f"Resume on {ranks(record.world_size)} (SFT_GPUS), or start a new run", exitcodes.PREFLIGHT)
     groups_before, groups_after = record.world_size // seq, world // seq
     rows = groups_before * split.rows
     before = f"{groups(record.world_size, seq)} x {split.micro_batch} x {split.grad_accum}"

@@ -57,7 +57,33 @@ def check(s: Settings) -> list[str]:
                             "are saved by time or by steps; unset one of them"))
     problems += output_problems(s)
     problems += service_problems(s)
+    problems += optimizer_problems(s)
     return problems + sequence_parallel_problems(s)
+
+
+def optimizer_problems(s: Settings) -> list[str]:
+    """SFT_OPTIMIZER against the other settings that name an optimizer or an option."""
+    if s.optimizer == "auto":
+        return []
+    if s.trainer_args is not None and not trainer_args_problems(s.trainer_args) and "optim" in s.extra_trainer_args:
+        return [bad("SFT_OPTIMIZER", s.optimizer, "not with an optim in SFT_TRAINER_ARGS: both name the optimizer; "
+                    "unset one of them")]
+    eight = s.optimizer == "adamw-8bit"
+    if s.ds_config is None and s.zero_stage != "auto" and not eight and s.zero_stage.endswith("-8bit"):
+        return [bad("SFT_OPTIMIZER", s.optimizer, f"not with SFT_ZERO_STAGE={s.zero_stage}, whose state is 8-bit; "
+                    f"use SFT_ZERO_STAGE={s.zero_stage.removesuffix('-8bit')} or SFT_OPTIMIZER=adamw-8bit")]
+    if eight and s.ds_config is None and "offload" in s.zero_stage:
+        return [bad("SFT_OPTIMIZER", s.optimizer, f"not with SFT_ZERO_STAGE={s.zero_stage}: offload runs DeepSpeed's "
+                    "CPU Adam, in full precision; 8-bit AdamW runs on the GPUs (SFT_ZERO_STAGE 1, 2 or 3)")]
+    if s.ds_config is not None and not _check_ds_config(s):
+        zero = s.user_ds_config.get("zero_optimization") or {}
+        if s.user_ds_config.get("optimizer"):
+            return [bad("SFT_OPTIMIZER", s.optimizer, "not with an optimizer in your DeepSpeed file (SFT_DS_CONFIG): "
+                        "both name the optimizer; unset one of them")]
+        if eight and (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None):
+            return [bad("SFT_OPTIMIZER", s.optimizer, "not with your DeepSpeed file's offload_optimizer: offload runs "
+                        "DeepSpeed's CPU Adam, in full precision")]
+    return []
 
 
 def trainer_args_problems(value: str) -> list[str]:

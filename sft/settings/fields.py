@@ -91,6 +91,12 @@ class Settings:
     zero_stage: str = _setting("auto", "ZeRO stage: " + ", ".join(STAGES) + "; auto: the lowest that the planner "
                                "predicts to fit, confirmed by the probe. Ignored when SFT_DS_CONFIG is set.",
                                choices=STAGES)
+    optimizer: str = _setting("auto", "The optimizer's state: adamw (AdamW, two fp32 moments: 8 bytes a parameter), "
+                              "adamw-8bit (bitsandbytes' 8-bit AdamW: about 2 bytes a parameter; DeepSpeed keeps the "
+                              "fp32 master weights), or auto: full precision wherever an option fits on the GPUs (on "
+                              "one GPU, ZeRO-1 or 2: ZeRO-3 shards nothing there), 8-bit where none does, before "
+                              "offloading the optimizer to the CPU (slower); the decision says which. With SFT_ZERO_STAGE=2, adamw-8bit runs option 2-8bit.",
+                              choices=stages.OPTIMIZERS)
     ds_config: str | None = _setting(None, "A DeepSpeed JSON of your own; wins over SFT_ZERO_STAGE.")
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it. On one node, "
                                 "with no checkpoint among them, they are the training's first steps: its launch goes "

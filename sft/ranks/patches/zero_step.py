@@ -52,15 +52,16 @@ def gradient_norm_in_fp32() -> None:
 def zero_step_in_one_pass() -> None:
     """DeepSpeed 0.19.8's ZeRO-1/2 step with its optimizer pass as one (sft/ranks/patches/adamw.py says why and what it
     gives): DeepSpeed's own step, restated below for the one case it serves (16-bit weights in bf16, the
-    optimizer torch's AdamW, no offload, Muon, MoE, loss scaling or overflow check, DeepSpeed's timers off), except
-    that the gradients, once flattened, go to adamw.step instead of the fp32 cast, the clipping multiply, the
-    optimizer and the copy back; and the clipping factor stays on the GPU (DeepSpeed asks the GPU whether the
-    norm is finite first; an invalid norm is clipped as infinite, as DeepSpeed clips it). Any other case goes to
-    DeepSpeed's own step. Remove when DeepSpeed's step reads 16-bit gradients into the optimizer itself."""
+    optimizer torch's AdamW or bitsandbytes' 8-bit AdamW (adamw8bit.py), no offload, Muon, MoE, loss scaling or
+    overflow check, DeepSpeed's timers off), except that the gradients, once flattened, go to the optimizer's step
+    here instead of the fp32 cast, the clipping multiply, the optimizer and the copy back; and the clipping factor
+    stays on the GPU (DeepSpeed asks the GPU whether the norm is finite first; an invalid norm is clipped as
+    infinite, as DeepSpeed clips it). Any other case goes to DeepSpeed's own step. Remove when DeepSpeed's step
+    reads 16-bit gradients into the optimizer itself."""
     from deepspeed.runtime.zero import stage_1_and_2 as zero
     from deepspeed.utils.timer import NoopTimer
 
-    from . import adamw, reads
+    from . import adamw, adamw8bit, reads
 
     original = zero.DeepSpeedZeroOptimizer.step
     if getattr(original, "in_one_pass", False):
@@ -70,8 +71,12 @@ def zero_step_in_one_pass() -> None:
         return (self.dtype == torch.bfloat16 and not self.cpu_offload and not self.zenflow
                 and not self.torch_autocast_gradscaler and not self.check_grad_overflow and not self.has_moe_layers
                 and self.loss_scale == 1.0 and not self.groups_lacking_loss_scale and not self._muon_pending_momentum
-                and isinstance(self.timers, NoopTimer)
-                and adamw.supports(self.optimizer, self.single_partition_of_fp32_groups[0].device))
+                and isinstance(self.timers, NoopTimer) and stepper(self) is not None)
+
+    def stepper(self):
+        """The module whose step serves the optimizer: torch's AdamW (adamw.py) or bitsandbytes' 8-bit one."""
+        device = self.single_partition_of_fp32_groups[0].device
+        return next((m for m in (adamw, adamw8bit) if m.supports(self.optimizer, device)), None)
 
     @functools.wraps(original)
     def step(self, closure=None):
@@ -101,8 +106,8 @@ def zero_step_in_one_pass() -> None:
             self._release_preflattened_grad_buffers(i)
             self.averaged_gradients[i] = None
             self.all_grad_tensors[i] = None
-            adamw.step(self.optimizer, i, self.single_partition_of_fp32_groups[i], flat,
-                       self.parallel_partitioned_bit16_groups[i][partition_id], scale)
+            stepper(self).step(self.optimizer, i, self.single_partition_of_fp32_groups[i], flat,
+                               self.parallel_partitioned_bit16_groups[i][partition_id], scale)
             del flat
         self._lazy_init_hp_params_optimizer_state()
         zero.all_gather_dp_groups(groups_flat=self.bit16_groups_flat,

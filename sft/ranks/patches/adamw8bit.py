@@ -1,0 +1,64 @@
+"""ZeRO-1/2's optimizer step in one pass (zero_step.py) for bitsandbytes' 8-bit AdamW, the optimizer of the options with
+8-bit state (stages.py): its own kernel, fed the 16-bit gradient slice by slice, into the fp32 master weights, then
+the 16-bit weights from them.
+
+Why by hand: DeepSpeed's step (stage_1_and_2.py::step) first casts the whole gradient partition to a new fp32 buffer,
+4 bytes a parameter: for Qwen3-8B on one GPU, 30 GiB beside the states at the step's peak, the difference between
+fitting ZeRO-2 on one H200 and not (docs/memory-planner.md). bitsandbytes' kernel wants the gradient in the master
+weights' dtype, so here it gets one fp32 slice at a time (SLICE elements, 256 MiB), cast and clipped, the slices whole
+blocks of its quantisation: each block of 256 and its absmax are updated by the same kernel as in
+`Optimizer2State.update_step`, so the state is bitsandbytes' own, element for element (tests/test_adamw8bit.py), and
+checkpoints, their resume and bitsandbytes' state_dict read it as before. It also skips bitsandbytes' step's
+`sync_gpu` after each parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 256  # bitsandbytes' 8-bit blockwise optimizers quantise the state in blocks of this many elements
+SLICE = 1 << 26  # elements per kernel call: whole blocks, and a bounded fp32 gradient (256 MiB)
+
+
+def supports(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
+    """bitsandbytes' AdamW as the Trainer makes it for `adamw_bnb_8bit` (8-bit, not paged, no update-norm clipping),
+    on a GPU or the host."""
+    try:
+        from bitsandbytes.optim.optimizer import Optimizer2State
+    except ImportError:
+        return False
+    if not isinstance(optimizer, Optimizer2State) or optimizer.optimizer_name != "adam" or optimizer.is_paged:
+        return False
+    args = optimizer.args
+    return args.optim_bits == 8 and args.max_unorm == 0.0 and device.type in ("cuda", "cpu")
+
+
+@torch.no_grad()
+def step(optimizer: torch.optim.Optimizer, group_index: int, master: torch.Tensor, gradient: torch.Tensor,
+         weights: torch.Tensor, scale: torch.Tensor) -> None:
+    """One step of `master` (the group's fp32 partition, its only parameter) from `gradient` x `scale`, as
+    bitsandbytes' `Optimizer2State.update_step` makes it, then `weights` (its 16-bit partition) from it."""
+    from bitsandbytes import functional as F
+
+    group = optimizer.param_groups[group_index]
+    state = optimizer.state[master]
+    if not state:
+        optimizer.init_state(group, master, group_index, 0)
+    config = optimizer.get_config(group_index, 0, group)
+    state["step"] += 1
+    beta1, beta2 = config["betas"][:2]
+    for start in range(0, master.numel(), SLICE):
+        part = slice(start, start + SLICE)
+        grad = gradient[part].float().mul_(scale)
+        if state["state1"].dtype == torch.uint8:
+            blocks = slice(start // BLOCK, (start + SLICE) // BLOCK)
+            F.optimizer_update_8bit_blockwise(
+                "adam", grad, master[part], state["state1"][part], state["state2"][part], beta1, beta2, 0.0, 0.0,
+                config["eps"], state["step"], config["lr"], state["qmap1"], state["qmap2"], state["absmax1"][blocks],
+                state["absmax2"][blocks], config["weight_decay"], gnorm_scale=1.0, skip_zeros=config["skip_zeros"])
+        else:  # a partition under bitsandbytes' min_8bit_size keeps 32-bit state, as bitsandbytes keeps it
+            F.optimizer_update_32bit(
+                "adam", grad, master[part], state["state1"][part], beta1, config["eps"], state["step"], config["lr"],
+                state["state2"][part], beta2, 0.0, 0.0, config["weight_decay"], 1.0, None, max_unorm=0.0,
+                skip_zeros=config["skip_zeros"])
+        weights[part].copy_(master[part])

@@ -1,0 +1,59 @@
+"""sft/ranks/patches/adamw8bit.py: the one-pass step of bitsandbytes' 8-bit AdamW, slice by slice from the 16-bit
+gradient, leaves the weights and the state exactly as bitsandbytes' own step from the fp32 gradient does (the host's
+kernels here; the GPU's in tests/test_gpu.py's ZeRO step tests run the same slices)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+bnb = pytest.importorskip("bitsandbytes")
+
+from sft.ranks.patches import adamw8bit  # noqa: E402
+
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs a CUDA GPU")])
+
+
+def _pair(n: int, weight_decay: float, device: str = "cpu"):
+    g = torch.Generator().manual_seed(n)
+    start = torch.randn(n, generator=g).to(device)
+    ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    make = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay, optim_bits=8)
+    return ours, bnb.optim.AdamW([ours], **make), theirs, bnb.optim.AdamW([theirs], **make)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("n,slice_", [(70_001, 4096), (70_001, 1 << 26), (1000, 4096)])
+def test_the_state_and_weights_are_bitsandbytes_own(monkeypatch, n, slice_, device):
+    """70,001 elements: 8-bit state in slices of 16 blocks (a last block short), or in one; 1,000: under
+    bitsandbytes' min_8bit_size, its 32-bit state. On the host's kernels and on the GPU's."""
+    monkeypatch.setattr(adamw8bit, "SLICE", slice_)
+    ours, ours_opt, theirs, theirs_opt = _pair(n, weight_decay=0.1, device=device)
+    weights = ours.detach().bfloat16()
+    assert adamw8bit.supports(ours_opt, ours.device)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        gradient = torch.randn(n, generator=g).bfloat16().to(device)  # as DeepSpeed's flattened partition holds it
+        scale = torch.tensor(0.5, device=device)  # the clipping factor
+        theirs.grad = gradient.float() * scale
+        theirs_opt.step()
+        adamw8bit.step(ours_opt, 0, ours, gradient, weights, scale)  # DeepSpeed passes its fp32 partition, the state's key
+    assert torch.equal(ours.data, theirs.data)
+    assert torch.equal(weights, theirs.data.bfloat16())
+    mine, reference = ours_opt.state[ours], theirs_opt.state[theirs]
+    assert mine["step"] == reference["step"] == 3
+    assert mine["state1"].dtype == (torch.uint8 if n >= 4096 else torch.float32)
+    for key in reference:
+        if torch.is_tensor(reference[key]):
+            assert torch.equal(mine[key], reference[key]), key
+
+
+def test_what_it_does_not_serve():
+    """Paged, 32-bit or another optimizer: DeepSpeed's own step (zero_step.py)."""
+    p = torch.nn.Parameter(torch.zeros(8))
+    assert not adamw8bit.supports(bnb.optim.AdamW([p], optim_bits=32), p.device)
+    assert not adamw8bit.supports(bnb.optim.PagedAdamW8bit([p]), p.device)
+    assert not adamw8bit.supports(bnb.optim.Lion8bit([p]), p.device)
+    assert not adamw8bit.supports(torch.optim.AdamW([p]), p.device)
