@@ -377,3 +377,22 @@ def test_a_split_row_reaches_the_trainer_as_accelerates_sequence_parallelism():
     assert job["pad_to_multiple_of"] == 2 and spec_of(s, cpu).trainer["pad_to_multiple_of"] == 64
     args = spec_of(s, cpu).sft_config(in_rank=False)  # TRL's and Transformers' own checks take it
     assert args.parallelism_config.sp_size == 2 and args.pad_to_multiple_of == 64
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({"SFT_OPTIMIZER": "adamw-8bit", "SFT_ZERO_STAGE": "3-offload"},
+     "SFT_OPTIMIZER='adamw-8bit': not with SFT_ZERO_STAGE=3-offload: offload runs DeepSpeed's CPU Adam"),
+    ({"SFT_OPTIMIZER": "adamw", "SFT_ZERO_STAGE": "2-8bit"},
+     "SFT_OPTIMIZER='adamw': not with SFT_ZERO_STAGE=2-8bit, whose state is 8-bit; use SFT_ZERO_STAGE=2 or "
+     "SFT_OPTIMIZER=adamw-8bit"),
+    ({"SFT_OPTIMIZER": "adamw-8bit", "SFT_TRAINER_ARGS": '{"optim": "adamw_torch"}'},
+     "SFT_OPTIMIZER='adamw-8bit': not with an optim in SFT_TRAINER_ARGS: both name the optimizer"),
+])
+def test_the_optimizer_against_the_settings_that_also_name_it(isolated_env, environ, message):
+    (problem,) = problems_of(environ)
+    assert problem.startswith(message)
+
+
+def test_the_optimizer_and_the_stage_name_one_option_together(isolated_env):
+    assert problems_of({"SFT_OPTIMIZER": "adamw-8bit", "SFT_ZERO_STAGE": "2"}) == []
+    assert problems_of({"SFT_ZERO_STAGE": "2-8bit"}) == []
