@@ -158,11 +158,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 30
 def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     """kill -9 of the whole job after a checkpoint; a second start resumes from it, same losses."""
     env = demo_env(tmp_path, zero_stage="2", **JOB)
-    log = tmp_path / "job.log"
-    proc = _start(env, log)
-    _wait_for_complete(tmp_path / "out" / "checkpoint-20", proc, log)
-    os.killpg(proc.pid, signal.SIGKILL)  # the VM dies: no handler runs
-    proc.wait()
+    killed_at(env, tmp_path / "out" / "checkpoint-20", tmp_path / "job.log")
     result = run_entrypoint(env)
     assert result.returncode == 0, result.stdout[-3000:]
     summary = read_summary(tmp_path / "out")
@@ -172,6 +168,14 @@ def test_killed_job_resumes_and_reproduces_the_losses(runs, tmp_path):
     after = [k for k in reference if k > resumed]
     assert after and max(abs(losses[k] - reference[k]) for k in after) < 1e-4
     assert summary["train"]["num_tokens"] == read_summary(runs["2"][1])["train"]["num_tokens"]
+
+
+def killed_at(env: dict[str, str], checkpoint: Path, log: Path) -> None:
+    """The job started, then killed -9 whole once `checkpoint` is complete: the VM dies, no handler runs."""
+    proc = _start(env, log)
+    _wait_for_complete(checkpoint, proc, log)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _wait_for_complete(folder: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:

@@ -5,13 +5,10 @@ final model is exported. The 8-bit step against DeepSpeed's own: tests/test_patc
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 from conftest import demo_env, read_summary, run_entrypoint, step_losses
-from test_job import _start, _wait_for_complete
+from test_job import killed_at
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("bitsandbytes")
@@ -30,12 +27,8 @@ def test_killed_job_with_8bit_state_resumes_with_the_same_losses(tmp_path):
     assert (reference_dir / "out" / "final" / "model.safetensors").exists()
 
     env = demo_env(killed_dir, **JOB)
-    log = killed_dir / "job.log"
     killed_dir.mkdir()
-    proc = _start(env, log)
-    _wait_for_complete(killed_dir / "out" / "checkpoint-6", proc, log)
-    os.killpg(proc.pid, signal.SIGKILL)  # the VM dies: no handler runs
-    proc.wait()
+    killed_at(env, killed_dir / "out" / "checkpoint-6", killed_dir / "job.log")
     again = run_entrypoint(env)
     assert again.returncode == 0, again.stdout[-3000:]
     resumed = read_summary(killed_dir / "out")
