@@ -95,7 +95,7 @@ max_length: 1024
     head = f"SFT_CONFIG={path!r}: line"
     expected = [f"{head} 2, leraning_rate: unknown key (did you mean learning_rate?",
                 f"{head} 3, num_train_epochs: SFT_EPOCHS='many': expected a number",
-                f"{head} 4, SFT_ZERO_STAGE: SFT_ZERO_STAGE='4': expected one of auto, 1, 2, 3, 3-offload",
+                f"{head} 4, SFT_ZERO_STAGE: SFT_ZERO_STAGE='4': expected one of auto, 1, 2, 3, 1-8bit, 2-8bit",
                 f"{head} 5, hub_token: a secret is read from the environment only",
                 f"{head} 6, weight_decay: unknown key (",
                 f"{head} 7, bf16: 'maybe': expected true or false",
