@@ -210,7 +210,8 @@ def test_killed_during_a_background_write_resumes_from_the_checkpoint_before(run
 
 def test_sigterm_during_a_background_write_waits_for_it_and_both_checkpoints_are_complete(runs, tmp_path):
     """SIGTERM while checkpoint-20's files are being written: the stop's own save waits for them, then its own are
-    written before the job exits 143; a new start resumes from the stop's checkpoint with the same losses."""
+    written before the job exits 143; a new start resumes from the stop's checkpoint with the same losses, and
+    keeps SFT_SAVE_TOTAL_LIMIT checkpoints though its last one was still being written when it rotated."""
     env = demo_env(tmp_path, zero_stage="2", **JOB)
     env["SFTTEST_WRITE_SECONDS"] = "5"
     log, out = tmp_path / "job.log", tmp_path / "out"
@@ -224,12 +225,14 @@ def test_sigterm_during_a_background_write_waits_for_it_and_both_checkpoints_are
     assert checkpoints.problem(out / f"checkpoint-{stopped_at}") is None
     events = (out / "run" / "events.jsonl").read_text()
     assert f'"event": "checkpoint_written", "step": {stopped_at}' in events
-    del env["SFTTEST_WRITE_SECONDS"]
+    env["SFTTEST_WRITE_SECONDS"] = "1"  # the last checkpoint is still being written when its save rotates
     result = run_entrypoint(env)
     assert result.returncode == 0, result.stdout[-3000:]
     summary = read_summary(out)
     assert summary["resumed_from"].endswith(f"checkpoint-{stopped_at}")
     assert_follows(summary, read_summary(runs["2"][1]), stopped_at)
+    # that save kept one more (the newest was not complete yet); the end of training deletes it
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-60", "checkpoint-64"]
 
 
 def logged_tokens(summary: dict) -> dict[int, int]:

@@ -202,10 +202,20 @@ class ProgressCallback(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
-        """The checkpoint still being written is whole before the rank goes on: to the final model, or its end."""
-        if (writer := background.writer()) is not None:
-            writer.wait()
-            self._written_in_background(state)
+        """The checkpoint still being written is whole before the rank goes on: to the final model, or its end.
+        Then the rotation the last save could not finish: it kept one more while the newest was being written
+        (patches/checkpoints.py), and no later save comes to delete it."""
+        if (writer := background.writer()) is None:
+            return
+        writer.wait()
+        self._written_in_background(state)
+        if dist.is_initialized():
+            dist.barrier()  # every rank's files of the newest are written before it counts as complete
+        if args.should_save and args.save_total_limit:
+            import transformers.trainer
+
+            transformers.trainer.rotate_checkpoints(args.output_dir, args.save_total_limit,
+                                                    state.best_model_checkpoint, use_mtime=True)
 
     def _written_in_background(self, state) -> None:
         """A background write's failure (a full disk) raised here, in the training's thread, as a save at once
