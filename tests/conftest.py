@@ -45,8 +45,24 @@ def isolated_env(monkeypatch, tmp_path):
         if key.startswith(("SFT_", "HF_", "HUGGING", *NODE_VARS)):
             monkeypatch.delenv(key)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    go_offline(monkeypatch)
     return tmp_path
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No Hub from this test's process (go_offline)."""
+    go_offline(monkeypatch)
+
+
+def go_offline(monkeypatch) -> None:
+    """No Hub from this process. huggingface_hub reads HF_HUB_OFFLINE once, when first imported: where an earlier
+    test of this process imported it without the variable, a Hub name went to the network, each lookup retried with
+    backoff (test_fuzz took 210 s instead of 10 after test_labels). The job's processes read it at their start."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 def demo_env(tmp_path: Path, **settings: object) -> dict[str, str]:

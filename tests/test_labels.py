@@ -18,6 +18,8 @@ from data_fixtures import rows
 from sft.data import show
 from sft.data.tokens import IGNORED, Labeller, in_memory, tokenizer
 
+pytestmark = pytest.mark.usefixtures("offline")  # TRL's SFTTrainer looks the model up on the Hub otherwise
+
 MARKED = DEMO_MODEL.parent / "chatml-assistant-mask.jinja"
 END = "<|im_end|>"
 
