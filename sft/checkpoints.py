@@ -55,7 +55,10 @@ def problem(checkpoint: Path) -> str | None:
     """
     if not (checkpoint / "trainer_state.json").is_file():
         return "no trainer_state.json"
-    writing = sorted(p.name for p in checkpoint.rglob(f"{WRITING}-*/*"))
+    try:
+        writing = sorted(p.name for p in checkpoint.rglob(f"{WRITING}-*/*"))
+    except FileNotFoundError:  # a writer moved its folder into place, or rotation removed the checkpoint, meanwhile
+        return "changed while looked at"
     if writing:  # its files are written while the steps go on: complete once moved to their place
         return f"still being written ({', '.join(writing)})"
     if read_json(checkpoint / "trainer_state.json") is None:  # the Trainer writes it in place: a full disk tears it

@@ -419,7 +419,9 @@ def start_until_first_checkpoint(hub: HubProcess, tmp: Path, repo: str) -> tuple
     log = tmp / "job.log"
     proc = start_job(job_env(hub, tmp, repo), log)
     try:
-        wait_until(lambda: (tmp / "out" / "checkpoint-8" / "trainer_state.json").is_file(), proc, log,
+        # whole: trainer_state.json comes while its files may still be written in the background, by threads of
+        # the ranks that a SIGSTOP would stop half-way (no checkpoint complete then, nothing to upload)
+        wait_until(lambda: checkpoints.problem(tmp / "out" / "checkpoint-8") is None, proc, log,
                    "the first checkpoint on disk", every=0.02)
     except BaseException:
         kill_tree(proc)

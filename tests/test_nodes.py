@@ -233,7 +233,9 @@ def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_s
     def upload_while_paused(procs, logs):
         """24 steps train in about 2 s here, perhaps between two upload rounds: both nodes' ranks pause
         (SIGSTOP: a slow step) from the first checkpoint until node 0 has uploaded one."""
-        wait_for(tmp_path / "out" / "checkpoint-4" / "trainer_state.json", procs, logs[0])
+        # complete, not only begun: the ranks' background writers (threads of the ranks) stop with them, and a
+        # checkpoint whose files are still being written is not uploaded (CI: SIGSTOP mid-write, nothing in 120 s)
+        wait_for_a_complete_checkpoint(tmp_path / "out", procs, logs[0])
         ranks = [p for proc in procs for p in process_tree(proc.pid)[1:]]
         send_signal(ranks, signal.SIGSTOP)
         try:
@@ -296,6 +298,14 @@ def wait_for(path: Path, procs: list[subprocess.Popen], log: Path, timeout: floa
     while not path.exists():
         assert all(p.poll() is None for p in procs), log.read_text()[-3000:]
         assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.05)
+
+
+def wait_for_a_complete_checkpoint(output: Path, procs: list[subprocess.Popen], log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(checkpoints.problem(c) is None for c in checkpoints.all_checkpoints(output)):
+        assert all(p.poll() is None for p in procs), log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no complete checkpoint in {output}"
         time.sleep(0.05)
 
 
