@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build the CI variant of the image and use it as a user does; `make test-image` and CI run this.
 #   scripts/test-image.sh            every check prints PASS or FAIL; the exit status is 1 if any failed
+#   scripts/test-image.sh --build-only   the engine, hadolint and the build alone (CI runs it beside the tests:
+#                                    mostly downloads; the full run after it finds every layer cached)
 # The CI variant is the real Dockerfile with two build arguments: BASE_IMAGE=local/debian:bookworm (made
 # by scripts/docker-engine.sh, as no registry is reachable here) and TORCH_WHEELS=local (the CPU torch
 # wheel from this machine, instead of PyPI's CUDA build). Then:
@@ -84,6 +86,11 @@ rm -rf .cache/wheels && mkdir -p .cache/wheels && cp "$wheel" .cache/wheels/
 phase "build" "$t"
 size=$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")
 echo "image $IMAGE: $(( size / 1000000 )) MB"
+if [ "${1:-}" = --build-only ]; then
+  printf '  %s\n' "${phases[@]}"
+  [ "$failures" = 0 ]
+  exit
+fi
 
 section "hygiene"
 t=$(date +%s)
