@@ -11,7 +11,7 @@ import pytest
 from sft import exitcodes, stages
 from sft.handoff import CheckpointRecord, DataPlan, DataSource, Split
 from sft.planner import data as data_rules
-from sft.planner import decide, disk, restart, rules
+from sft.planner import decide, disk, escalation, restart, rules
 from sft.planner.inputs import GPU, CannotRun, DataFacts, Inputs, Machine
 from sft.planner.shape import ModelShape
 from sft.settings import Settings
@@ -236,29 +236,39 @@ def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
     assert not d.split.gradient_checkpointing and d.split.rows == 4 and d.row.states_not_made > 0
 
 
-def test_escalation_turns_checkpointing_on_then_moves_the_stage():
+def test_escalation_splits_the_pass_then_turns_checkpointing_on_then_moves_the_stage():
     given = inputs_of(Settings(optimizer="adamw"), ONE_H200, Q4)  # full precision (auto: test_escalation_..._8bit)
     d = decide.decide(given)
-    on, change = decide.escalate(given, d, "the probe ran out of GPU memory")
+    assert d.split.text() == "4 x 1, checkpointing off"
+    # fewer rows a pass before recomputing every activation; the split is recorded, so a resume keeps it
+    fewer, change = escalation.escalate(given, d, "the probe ran out of GPU memory")
+    assert change == "passes of 2 row(s), 2 a step" and fewer.split.text() == "2 x 2, checkpointing off"
+    assert fewer.searched and fewer.record().batch == fewer.split and fewer.row.peak < d.row.peak
+    assert fewer.reasons["split"].startswith("2 x 2, checkpointing off, auto: the probe ran out of GPU memory with 4 x 1")
+    # checkpointing on: back to the most rows a pass that fit with it
+    on, change = escalation.escalate(given, fewer, "the probe ran out of GPU memory")
     assert change == "turning gradient checkpointing on" and on.stage.name == "2"
-    assert on.split.gradient_checkpointing and on.row.peak < d.row.peak
-    offloaded, change = decide.escalate(given, on, "the probe ran out of GPU memory")
+    assert on.split.text() == "4 x 1, checkpointing on" and on.row.peak < fewer.row.peak
+    # a micro-batch of the user's is never split
+    theirs = inputs_of(Settings(optimizer="adamw", micro_batch=4), ONE_H200, Q4)
+    assert escalation.escalate(theirs, decide.decide(theirs), "x")[1] == "turning gradient checkpointing on"
+    offloaded, change = escalation.escalate(given, on, "the probe ran out of GPU memory")
     assert change == "offloading the checkpoints to host memory" and offloaded.split.offload_activations
     assert offloaded.row.activations < on.row.activations and offloaded.row.host > on.row.host
-    moved, change = decide.escalate(given, offloaded, "the probe ran out of GPU memory")
+    moved, change = escalation.escalate(given, offloaded, "the probe ran out of GPU memory")
     assert change == "moving to ZeRO 3" and moved.stage.name == "3" and moved.ds_config == stages.shipped_config("3")
     # compiled layers at ZeRO-2; at ZeRO-3, not measured compiled, Liger's kernels instead
     assert (d.compile, d.liger, moved.compile, moved.liger) == (True, False, False, True)
     assert moved.reasons["compile"].startswith("off, auto with ZeRO-3")
     last = inputs_of(Settings(zero_stage="3-offload-all", gradient_checkpointing="true"), ONE_H200, Q4)
-    assert decide.escalate(last, decide.decide(last), "x") == (None, "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH")
+    assert escalation.escalate(last, decide.decide(last), "x") == (None, "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH")
 
 
 def test_an_explicit_stage_does_not_escalate_and_names_the_next():
     given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true", optimizer="adamw"), ONE_H200, Q4)
-    assert decide.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=3")
+    assert escalation.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=3")
     given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true"), ONE_H200, Q4)
-    assert decide.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=2-8bit")
+    assert escalation.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=2-8bit")
 
 
 def test_escalating_into_offload_decides_pin_memory_for_it():
@@ -266,7 +276,7 @@ def test_escalating_into_offload_decides_pin_memory_for_it():
     given = inputs_of(Settings(gradient_checkpointing="true"), machine, Q4)
     d = decide.decide(given)
     while not d.offload:
-        d, _ = decide.escalate(given, d, "oom")
+        d, _ = escalation.escalate(given, d, "oom")
     assert d.stage.name == "3-offload" and d.pin_memory is False
     assert d.ds_config["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
 
@@ -325,7 +335,7 @@ def test_auto_attention_is_flash_attention_4_for_compiled_layers_up_to_the_rows_
     inputs = inputs_of(Settings(gradient_checkpointing="false", optimizer="adamw"), with_fa4, Q4)
     d = decide.decide(inputs)
     assert (d.attention, d.stage.name) == ("flash_attention_4", "2")
-    after, change = decide.escalate(inputs, d, "out of memory")
+    after, change = escalation.escalate(inputs, d, "out of memory")
     assert after is not None and not after.compile and after.attention == "flex_attention", (change, after.stage)
 
 
@@ -733,7 +743,7 @@ def test_escalation_after_running_out_of_memory_moves_to_8bit_state_on_one_gpu()
     inputs = inputs_of(Settings(gradient_checkpointing="true"), h100, Q4)
     d = decide.decide(inputs)
     assert d.stage.name == "2"
-    nxt, change = decide.escalate(inputs, d, "out of memory")
+    nxt, change = escalation.escalate(inputs, d, "out of memory")
     assert nxt.stage.name == "2-8bit" and change == "moving to ZeRO 2-8bit"
     kept = inputs_of(Settings(gradient_checkpointing="true", optimizer="adamw"), h100, Q4)
-    assert decide.escalate(kept, decide.decide(kept), "out of memory")[0].stage.name == "3"
+    assert escalation.escalate(kept, decide.decide(kept), "out of memory")[0].stage.name == "3"

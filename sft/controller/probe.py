@@ -1,6 +1,6 @@
 """The probe, carried out: the batch search's short runs, then the timing run, escalating on out-of-memory.
 
-What to time, what to adopt and where to escalate are the decision's (planner/decide.py); this module
+What to time, what to adopt and where to escalate are the decision's (planner/decide.py, escalation.py); this module
 runs the ranks, reads their reports and hands the measurements back to it. Where the decision says so
 (Decision.probe_goes_on), the timing run is the training's own launch, left waiting after its steps
 (runs.Held): the job then says whether it goes on as the training.
@@ -17,7 +17,7 @@ from .. import exitcodes
 from ..console import say
 from ..events import Escalated, ProbeTry
 from ..handoff import RankReport, Split, write_json
-from ..planner import decide
+from ..planner import decide, escalation
 from ..planner.decision import Decision
 from ..planner.inputs import Inputs
 from ..planner.plan import GPU_FREE_FRACTION
@@ -56,14 +56,15 @@ def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decisi
         try:
             outcome.figures, outcome.held = _probe_once(runner, d, train_on and d.probe_goes_on)
         except ProbeOutOfMemory as e:
-            nxt, change = decide.escalate(inputs, d, str(e))
+            nxt, change = escalation.escalate(inputs, d, str(e))
             if nxt is None:
                 say(f"error: {e} with ZeRO {d.stage.name}; {change}")
                 outcome.code = exitcodes.PROBE_OOM
                 break
             say(f"auto: {e} with ZeRO {d.stage.name}; {change} and probing again")
             moved = nxt.stage != d.stage
-            before, after = (d.stage.name, nxt.stage.name) if moved else ("checkpointing off", "on")
+            before, after = ((d.stage.name, nxt.stage.name) if moved else ("checkpointing off", "on")
+                             if nxt.split.micro_batch == d.split.micro_batch else (d.split.text(), nxt.split.text()))
             outcome.escalations.append({"from": before, "to": after, "why": str(e)})
             runner.events.emit(Escalated(before=before, after=after, why=str(e)))
             outcome.decision = nxt

@@ -6,7 +6,7 @@
                               a reason each; on another number of ranks than the
                               checkpoint's, its conversion (reshard.py)
     adopt(inputs, d, split)   after the batch search: the split it measured fastest
-    escalate(inputs, d)       after the probe ran out of memory: checkpointing on, then the next stage
+    escalation.escalate       after the probe ran out of memory: fewer rows a pass, checkpointing on, the next stage
     cap_steps(d, n, why)      after the budget gate (planner/budget.py): train only the n steps that fit
 
 Nothing here reads a file, the clock or the machine: the controller measures (controller/machine.py),
@@ -316,25 +316,6 @@ def adopt(inputs: Inputs, d: Decision, split: Split, why: str) -> Decision:
     """The split the batch search measured fastest (recorded in checkpoints, so a resume keeps it)."""
     d = _with_split(inputs, d, split)
     return _replace(d, searched=True, search=(), reasons={**d.reasons, "split": why})
-
-
-def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, str]:
-    """After the probe ran out of memory: (the next decision, what changed), or (None, what to try)."""
-    s = inputs.settings
-    if s.gradient_checkpointing == "auto" and not d.split.offload_activations and (
-            d.ranks.on_gpu or not d.split.gradient_checkpointing):
-        on = d.split.gradient_checkpointing
-        split = dataclasses.replace(d.split, gradient_checkpointing=True, offload_activations=on)
-        d = _with_split(inputs, d, split)
-        change = "offloading the checkpoints to host memory" if on else "turning gradient checkpointing on"
-        level = "offload" if on else "on"
-        return _replace(d, reasons={**d.reasons, "gradient_checkpointing": f"{level}, auto: {why}"}), change
-    nxt = stages.next_after(d.stage.name, optimizer.optimizer_choice(s), d.ranks.world) if d.stage.name in stages.NAMES else None
-    if rules.stage_source(inputs) is not None or nxt is None:
-        return None, f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
-    stage = stages.get(nxt)
-    d = _with_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
-    return d, f"moving to ZeRO {nxt}"
 
 
 def cap_steps(d: Decision, steps: int, why: str) -> Decision:
