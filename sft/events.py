@@ -72,7 +72,7 @@ class ProbeTry(Event):
 @dataclass(frozen=True)
 class Escalated(Event):
     KIND: ClassVar[str] = "escalation"
-    before: str  # the stage, "checkpointing off", or the split ("4 x 1, checkpointing off")
+    before: str  # the stage, or "checkpointing off"
     after: str
     why: str
 

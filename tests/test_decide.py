@@ -236,22 +236,13 @@ def test_two_splits_to_time_where_checkpointing_decides_the_fastest():
     assert not d.split.gradient_checkpointing and d.split.rows == 4 and d.row.states_not_made > 0
 
 
-def test_escalation_splits_the_pass_then_turns_checkpointing_on_then_moves_the_stage():
+def test_escalation_turns_checkpointing_on_then_moves_the_stage():
     given = inputs_of(Settings(optimizer="adamw"), ONE_H200, Q4)  # full precision (auto: test_escalation_..._8bit)
     d = decide.decide(given)
-    assert d.split.text() == "4 x 1, checkpointing off"
-    # fewer rows a pass before recomputing every activation; the split is recorded, so a resume keeps it
-    fewer, change = escalation.escalate(given, d, "the probe ran out of GPU memory")
-    assert change == "passes of 2 row(s), 2 a step" and fewer.split.text() == "2 x 2, checkpointing off"
-    assert fewer.searched and fewer.record().batch == fewer.split and fewer.row.peak < d.row.peak
-    assert fewer.reasons["split"].startswith("2 x 2, checkpointing off, auto: the probe ran out of GPU memory with 4 x 1")
-    # checkpointing on: back to the most rows a pass that fit with it
-    on, change = escalation.escalate(given, fewer, "the probe ran out of GPU memory")
-    assert change == "turning gradient checkpointing on" and on.stage.name == "2"
-    assert on.split.text() == "4 x 1, checkpointing on" and on.row.peak < fewer.row.peak
-    # a micro-batch of the user's is never split
-    theirs = inputs_of(Settings(optimizer="adamw", micro_batch=4), ONE_H200, Q4)
-    assert escalation.escalate(theirs, decide.decide(theirs), "x")[1] == "turning gradient checkpointing on"
+    assert d.split.text() == "4 x 1, checkpointing off" and not d.search
+    on, change = escalation.escalate(given, d, "the probe ran out of GPU memory")
+    assert change == "timing 4 x 1, checkpointing on against 2 x 2, checkpointing off" and on.stage.name == "2"
+    assert on.split.gradient_checkpointing and on.row.peak < d.row.peak
     offloaded, change = escalation.escalate(given, on, "the probe ran out of GPU memory")
     assert change == "offloading the checkpoints to host memory" and offloaded.split.offload_activations
     assert offloaded.row.activations < on.row.activations and offloaded.row.host > on.row.host
@@ -262,6 +253,26 @@ def test_escalation_splits_the_pass_then_turns_checkpointing_on_then_moves_the_s
     assert moved.reasons["compile"].startswith("off, auto with ZeRO-3")
     last = inputs_of(Settings(zero_stage="3-offload-all", gradient_checkpointing="true"), ONE_H200, Q4)
     assert escalation.escalate(last, decide.decide(last), "x") == (None, "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH")
+
+
+def test_escalation_times_checkpointing_on_against_fewer_rows_a_pass_where_the_job_chose_the_split():
+    """Which is faster, recomputing every activation or two passes of half the rows, no memory rule decides:
+    the probe's batch search times both (the fastest is kept and recorded, so a resume keeps it)."""
+    given = inputs_of(Settings(), ONE_H200, Q8)  # Qwen3-8B: 8-bit AdamW state, 4 x 1 without checkpointing
+    d = decide.decide(given)
+    assert (d.stage.name, d.split.text(), d.search) == ("2-8bit", "4 x 1, checkpointing off", ())
+    nxt, change = escalation.escalate(given, d, "rank 0 peaked at 127.8 GiB of 139.8 GiB, less than 10% free")
+    assert change == "timing 4 x 1, checkpointing on against 2 x 2, checkpointing off"
+    assert nxt.split.text() == "4 x 1, checkpointing on" and [s.text() for s in nxt.search] == [
+        "4 x 1, checkpointing on", "2 x 2, checkpointing off"]
+    assert nxt.reasons["batch_search"].startswith("times 2 splits of 4 rows per step (rank 0 peaked at 127.8 GiB")
+    adopted = decide.adopt(given, nxt, nxt.search[1], "the fastest")
+    assert adopted.record().batch == nxt.search[1]
+    # the user's micro-batch, a search already made or turned off: checkpointing on alone, as on CPU ranks
+    for settings in (Settings(micro_batch=4), Settings(batch_search="false")):
+        mine = inputs_of(settings, ONE_H200, Q8)
+        assert escalation.escalate(mine, decide.decide(mine), "x")[0].search == ()
+    assert escalation.escalate(given, adopted, "x")[0].search == ()
 
 
 def test_an_explicit_stage_does_not_escalate_and_names_the_next():

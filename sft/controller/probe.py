@@ -63,12 +63,13 @@ def probe(runner: Runner, inputs: Inputs, d: Decision, recheck: Callable[[Decisi
                 break
             say(f"auto: {e} with ZeRO {d.stage.name}; {change} and probing again")
             moved = nxt.stage != d.stage
-            before, after = ((d.stage.name, nxt.stage.name) if moved else ("checkpointing off", "on")
-                             if nxt.split.micro_batch == d.split.micro_batch else (d.split.text(), nxt.split.text()))
+            before, after = (d.stage.name, nxt.stage.name) if moved else ("checkpointing off", "on")
             outcome.escalations.append({"from": before, "to": after, "why": str(e)})
             runner.events.emit(Escalated(before=before, after=after, why=str(e)))
             outcome.decision = nxt
             outcome.code = recheck(nxt) or exitcodes.DONE
+            if outcome.code == exitcodes.DONE and nxt.search:  # checkpointing on against fewer rows a pass
+                outcome.code = _search_batch(runner, inputs, outcome)
         except _Failed as e:
             outcome.code = e.code
     return outcome
