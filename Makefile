@@ -48,7 +48,7 @@ demo:  ## the whole job on the embedded tiny model and data, on CPU with two ran
 	SFT_LEARNING_RATE=2e-3 HF_HUB_OFFLINE=1 $(PY) entrypoint.py
 
 test:  ## the test suite (CPU; GPU tests skip with their reason)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25  # the slowest 25: CI has 90 minutes
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest 25: CI has 90 minutes
 
 docs:  ## write docs/settings.md's table from the settings' help texts, docs/host.md from the planner (tests keep them equal)
 	$(PY) scripts/settings_table.py

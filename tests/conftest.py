@@ -125,28 +125,3 @@ def pytest_terminal_summary(terminalreporter):
     for line in FUZZ_REPORT:
         terminalreporter.write_line(line)
 
-
-# -- the order the files run in ---------------------------------------------------------------------------------
-# `make test` runs each file in one xdist worker (--dist loadfile: a file's shared runs are made once) and hands the
-# files out in collection order (--no-loadscope-reorder). The longest first: otherwise one worker can be left with
-# a long end-to-end file while the other has nothing (longest-processing-time-first). tests/durations.txt holds
-# the seconds each file took in a whole run (scripts/test_durations.py writes it from a junit report); only the
-# order matters, and a file it does not list counts as DEFAULT_FILE_SECONDS.
-DURATIONS = REPO / "tests" / "durations.txt"
-DEFAULT_FILE_SECONDS = 30.0
-
-
-def file_seconds() -> dict[str, float]:
-    if not DURATIONS.is_file():
-        return {}
-    rows = (line.split() for line in DURATIONS.read_text().splitlines() if line.strip() and not line.startswith("#"))
-    return {name: float(seconds) for seconds, name in rows}
-
-
-def pytest_collection_modifyitems(config, items):
-    seconds = file_seconds()
-    weight = {}
-    for item in items:
-        name = item.nodeid.split("::")[0]
-        weight.setdefault(name, seconds.get(name, DEFAULT_FILE_SECONDS))
-    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: a file's tests keep their order
