@@ -124,4 +124,3 @@ FUZZ_REPORT: list[str] = []  # tests/test_fuzz.py's groups: their examples and t
 def pytest_terminal_summary(terminalreporter):
     for line in FUZZ_REPORT:
         terminalreporter.write_line(line)
-
