@@ -6,7 +6,7 @@
                               a reason each; on another number of ranks than the
                               checkpoint's, its conversion (reshard.py)
     adopt(inputs, d, split)   after the batch search: the split it measured fastest
-    escalation.escalate       after the probe ran out of memory: checkpointing on (timed against fewer rows a pass), the next stage
+    escalation.escalate       after the probe ran out of memory: checkpointing on (timed), the next stage
     cap_steps(d, n, why)      after the budget gate (planner/budget.py): train only the n steps that fit
 
 Nothing here reads a file, the clock or the machine: the controller measures (controller/machine.py),
