@@ -105,7 +105,7 @@ def _split_rows(inputs: Inputs, draft: Decision, splits: tuple[int, ...], why: s
                      sequence_parallel=n, reshard=split if isinstance(split, Reshard) else None,
                      reasons={**draft.reasons, **why_rows})
         try:
-            d = _with_stage(inputs, d, *_first_stage(inputs, d))
+            d = with_stage(inputs, d, *_first_stage(inputs, d))
         except CannotRun as e:
             if n == splits[-1]:
                 split_why = why if len(splits) == 1 else f"{why}, and none of {', '.join(map(str, splits))} fits"
@@ -207,7 +207,7 @@ def _fitting_level(inputs: Inputs, d: Decision) -> Split | None:
     """d's split with the first way of keeping activations the setting allows that fits d's stage."""
     if inputs.record is not None and inputs.record.batch is not None:
         return d.split  # the checkpoint's split stands
-    return next((split for split in _levels(inputs, d) if _row(inputs, d, split).fits), None)
+    return next((split for split in _levels(inputs, d) if row_for(inputs, d, split).fits), None)
 
 
 def _levels(inputs: Inputs, d: Decision) -> tuple[Split, ...]:
@@ -244,22 +244,22 @@ def _plan(inputs: Inputs, d: Decision, split: Split) -> Plan:
     return plan_from_shape(inputs.shape, **dataclasses.asdict(_setup(inputs, d, split)))
 
 
-def _row(inputs: Inputs, d: Decision, split: Split) -> Row:
+def row_for(inputs: Inputs, d: Decision, split: Split) -> Row:
     return estimate_row(d.stage, inputs.shape, _setup(inputs, d, split), d.ds_config)
 
 
-def _with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
+def with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str,
                 split: Split | None = None) -> Decision:
     """d at another stage: its config, plan and row, and pin_memory decided for it."""
     d = _at_stage(inputs, d, stage, config)
     d = _replace(d, reasons={**d.reasons, "stage": why, "optimizer": optimizer.optimizer_text(inputs.settings, stage,
                                                                                           d.ds_config)})
-    return _with_split(inputs, d, split or d.split)
+    return with_split(inputs, d, split or d.split)
 
 
-def _with_split(inputs: Inputs, d: Decision, split: Split) -> Decision:
+def with_split(inputs: Inputs, d: Decision, split: Split) -> Decision:
     plan = _plan(inputs, d, split)
-    row = dataclasses.replace(_row(inputs, d, split), **longest_rows(d.stage, inputs.shape, _setup(inputs, d, split),
+    row = dataclasses.replace(row_for(inputs, d, split), **longest_rows(d.stage, inputs.shape, _setup(inputs, d, split),
                                                                      d.ds_config, plan.split))
     d = _replace(d, split=split, plan=plan, row=row)
     pin, why = _pin_memory(inputs.machine, d)
@@ -274,8 +274,8 @@ def _pin_memory(machine: Machine, d: Decision) -> tuple[bool, str]:
 def _auto_checkpointing(inputs: Inputs, d: Decision) -> Decision:
     """Recomputing activations costs a third more compute: off where the stage fits without it."""
     off = dataclasses.replace(d.split, gradient_checkpointing=False, offload_activations=False)
-    if _row(inputs, d, off).fits:
-        d = _with_split(inputs, d, off)
+    if row_for(inputs, d, off).fits:
+        d = with_split(inputs, d, off)
         why = f"off, auto: {d.stage.label} fits without it ({d.row.peak / GIB:.2f} GiB predicted)"
     elif d.split.offload_activations:
         why = (f"offload, auto: {d.stage.label} fits only with its checkpoints in host memory "
@@ -300,13 +300,13 @@ def _with_search(inputs: Inputs, d: Decision) -> Decision:
     offload = d.split.offload_activations
     found = rules.batch_candidates(
         rows, (False, True) if setting == "auto" else (setting != "false",),
-        fits=lambda mb, ckpt: _row(inputs, d, Split(mb, rows // mb, ckpt, ckpt and offload)).fits_gpu,
+        fits=lambda mb, ckpt: row_for(inputs, d, Split(mb, rows // mb, ckpt, ckpt and offload)).fits_gpu,
         every=inputs.settings.batch_search == "true", offload=offload)
     if len(found) >= 2:
         why = f"times {len(found)} splits of {rows} rows per step: " + "; ".join(f.text() for f in found)
         return _replace(d, search=tuple(found), reasons={**d.reasons, "batch_search": why})
     if found and found[0] != d.split:  # the planned split does not fit this stage: this one does
-        d = _replace(_with_split(inputs, d, found[0]), searched=True)
+        d = _replace(with_split(inputs, d, found[0]), searched=True)
     why = (f"{found[0].text()} is the one split of {rows} rows per step that can be the fastest; nothing to time"
            if found else "no split fits by the plan: the probe decides")
     return _replace(d, reasons={**d.reasons, "batch_search": why})
@@ -314,7 +314,7 @@ def _with_search(inputs: Inputs, d: Decision) -> Decision:
 
 def adopt(inputs: Inputs, d: Decision, split: Split, why: str) -> Decision:
     """The split the batch search measured fastest (recorded in checkpoints, so a resume keeps it)."""
-    d = _with_split(inputs, d, split)
+    d = with_split(inputs, d, split)
     return _replace(d, searched=True, search=(), reasons={**d.reasons, "split": why})
 
 

@@ -13,7 +13,7 @@ import dataclasses
 from .. import stages
 from ..handoff import Split
 from . import optimizer, rules
-from .decide import _replace, _row, _with_split, _with_stage
+from .decide import row_for, with_split, with_stage
 from .decision import Decision
 from .inputs import Inputs
 
@@ -27,20 +27,21 @@ def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, st
         split = dataclasses.replace(d.split, gradient_checkpointing=True, offload_activations=on)
         fewer = None if on or not d.ranks.on_gpu else _fewer_rows_a_pass(inputs, d)
         before = d.split.text()
-        d = _with_split(inputs, d, split)
+        d = with_split(inputs, d, split)
         change = "offloading the checkpoints to host memory" if on else "turning gradient checkpointing on"
         level = "offload" if on else "on"
-        d = _replace(d, reasons={**d.reasons, "gradient_checkpointing": f"{level}, auto: {why}"})
+        d = dataclasses.replace(d, reasons={**d.reasons, "gradient_checkpointing": f"{level}, auto: {why}"})
         if fewer is not None:  # which of the two is faster no memory rule decides (rules.batch_candidates): time both
-            d = _replace(d, search=(split, fewer), reasons={**d.reasons, "batch_search": (
+            d = dataclasses.replace(d, search=(split, fewer), reasons={**d.reasons, "batch_search": (
                 f"times 2 splits of {split.rows} rows per step ({why} with {before}): {split.text()}; {fewer.text()}")})
             change = f"timing {split.text()} against {fewer.text()}"
         return d, change
-    nxt = stages.next_after(d.stage.name, optimizer.optimizer_choice(s), d.ranks.world) if d.stage.name in stages.NAMES else None
+    nxt = (stages.next_after(d.stage.name, optimizer.optimizer_choice(s), d.ranks.world)
+           if d.stage.name in stages.NAMES else None)
     if rules.stage_source(inputs) is not None or nxt is None:
         return None, f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
     stage = stages.get(nxt)
-    d = _with_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
+    d = with_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
     return d, f"moving to ZeRO {nxt}"
 
 
@@ -54,6 +55,6 @@ def _fewer_rows_a_pass(inputs: Inputs, d: Decision) -> Split | None:
         return None
     for micro in range(split.micro_batch - 1, 0, -1):
         fewer = Split(micro, split.rows // micro, False)
-        if split.rows % micro == 0 and _row(inputs, d, fewer).fits:
+        if split.rows % micro == 0 and row_for(inputs, d, fewer).fits:
             return fewer
     return None
