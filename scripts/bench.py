@@ -86,6 +86,9 @@ CONFIGS = {
     "z2-plain": dict(zero_stage="2", zero={"overlap_comm": False, "contiguous_gradients": False}),
     "z2-nooverlap": dict(zero_stage="2", zero={"overlap_comm": False}),
     "fa4": dict(attention="flash_attention_4"),
+    # where the defaults' probe ended for Qwen3-4B on one H100 (2026-12-06): 8-bit state, 2 x 2 without checkpointing
+    "8bit-2x2": dict(zero_stage="2-8bit", micro_batch=2, grad_accum=2, gradient_checkpointing="false",
+                     batch_search="false"),
     "flex": dict(attention="flex_attention"),  # the defaults before auto chose FlashAttention-4 where installed
     "fa4-nocompile": dict(attention="flash_attention_4", compile="false"),
     # the defaults' settings when issue 16 was filed (2026-12-01): uncompiled, Liger's kernels, flex attention,

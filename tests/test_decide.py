@@ -275,6 +275,40 @@ def test_escalation_times_checkpointing_on_against_fewer_rows_a_pass_where_the_j
     assert escalation.escalate(given, adopted, "x")[0].search == ()
 
 
+def test_a_stage_moved_to_plans_its_activations_and_split_afresh():
+    """Qwen3-4B on one H100 (measured): ZeRO-2 with checkpointing on, then offloaded, each peaked over 90%; the move to
+    8-bit state went on with the checkpoints in host memory (11,123 tokens/s). Its states are smaller: the
+    checkpoints go back to the GPU and the batch search times them against fewer rows a pass without them."""
+    h100 = Machine(gpus=(H100,), host_memory_bytes=125 * GIB, memlock_bytes=None, liger_installed=True)
+    given = inputs_of(Settings(), h100, Q4)
+    d = decide.decide(given)
+    assert (d.stage.name, d.split.text()) == ("2", "4 x 1, checkpointing on")
+    why = "rank 0 peaked at 74.9 GiB of 79.2 GiB, less than 10% free"
+    offloaded, _ = escalation.escalate(given, d, why)
+    assert offloaded.split.offload_activations
+    moved, change = escalation.escalate(given, offloaded, why)
+    assert change == "moving to ZeRO 2-8bit" and moved.stage.name == "2-8bit"
+    assert moved.split.text() == "4 x 1, checkpointing on" and not moved.split.offload_activations
+    assert [s.text() for s in moved.search] == ["4 x 1, checkpointing on", "2 x 2, checkpointing off"]
+    # checkpointing off where the new stage fits without it: Qwen3-4B on one H200 (141 GiB)
+    roomy = inputs_of(Settings(), ONE_H200, Q4)
+    d = decide.decide(roomy)
+    while not d.split.offload_activations:
+        d, _ = escalation.escalate(roomy, d, "out of memory")
+        d = dataclasses.replace(d, search=())  # as if the probe's search had timed none
+    moved, _ = escalation.escalate(roomy, d, "out of memory")
+    assert (moved.stage.name, moved.split.text()) == ("2-8bit", "4 x 1, checkpointing off")
+    assert moved.reasons["gradient_checkpointing"] == (
+        "off, auto: planned again for ZeRO-2 8-bit AdamW after the probe (77.60 GiB predicted)")
+    # the user's choice of checkpointing, or a split already searched, moves with the stage as it was
+    for settings in (Settings(gradient_checkpointing="offload"),):
+        mine = inputs_of(settings, h100, Q4)
+        kept, _ = escalation.escalate(mine, decide.decide(mine), why)
+        assert kept.split.offload_activations
+    searched = dataclasses.replace(offloaded, searched=True)
+    assert escalation.escalate(given, searched, why)[0].split.offload_activations
+
+
 def test_an_explicit_stage_does_not_escalate_and_names_the_next():
     given = inputs_of(Settings(zero_stage="2", gradient_checkpointing="true", optimizer="adamw"), ONE_H200, Q4)
     assert escalation.escalate(given, decide.decide(given), "oom") == (None, "try SFT_ZERO_STAGE=3")

@@ -257,6 +257,25 @@ def with_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, A
     return with_split(inputs, d, split or d.split)
 
 
+def at_next_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, Any], why: str) -> Decision:
+    """d moved to the next stage after its probe. Where the job chose how activations are kept and the split
+    (auto, not searched), they are planned afresh: the new stage's states are smaller, so the checkpoints go back
+    to the GPU where they fit there, and on GPUs the batch search's rule picks the splits that can be the fastest
+    (fewer rows a pass without checkpointing among them; a lone one is taken untimed). On CPU ranks checkpointing
+    stays on, as the last probe needed it. Before, the
+    stage moved with the escalated split: Qwen3-4B on one H100 went on to 8-bit AdamW with its checkpoints in host
+    memory at 11,123 tokens/s; planned afresh, the search kept 2 x 2 without them, 13,006 (docs/benchmarks.md)."""
+    kept = inputs.record is not None and inputs.record.batch is not None  # a checkpoint's split stands
+    if inputs.settings.gradient_checkpointing != "auto" or d.searched or d.reshard is not None or kept:
+        return with_stage(inputs, d, stage, config, why)
+    at = _at_stage(inputs, d, stage, config)
+    d = _with_search(inputs, with_stage(inputs, at, stage, config, why,
+                                        _fitting_level(inputs, at) or _levels(inputs, at)[-1]))
+    why_level = (f"{d.split.checkpointing_text}, auto: planned again for {stage.label} after the probe "
+                 f"({d.row.peak / GIB:.2f} GiB predicted)")
+    return _replace(d, reasons={**d.reasons, "gradient_checkpointing": why_level})
+
+
 def with_split(inputs: Inputs, d: Decision, split: Split) -> Decision:
     plan = _plan(inputs, d, split)
     row = dataclasses.replace(row_for(inputs, d, split), **longest_rows(d.stage, inputs.shape, _setup(inputs, d, split),

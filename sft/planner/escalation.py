@@ -2,8 +2,8 @@
 
 The order, where the job chose (auto): checkpointing on, timed by a batch search against fewer rows a pass without
 it (the same rows a step) where the plan fits those; then the checkpoints in host memory; then the next option of
-stages.OPTIONS that SFT_OPTIMIZER allows. A choice of the user's is never changed: the job names the
-setting to change instead.
+stages.OPTIONS that SFT_OPTIMIZER allows, its activations and split planned afresh (decide.at_next_stage). A choice
+of the user's is never changed: the job names the setting to change instead.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 from .. import stages
 from ..handoff import Split
 from . import optimizer, rules
-from .decide import row_for, with_split, with_stage
+from .decide import at_next_stage, row_for, with_split
 from .decision import Decision
 from .inputs import Inputs
 
@@ -41,7 +41,7 @@ def escalate(inputs: Inputs, d: Decision, why: str) -> tuple[Decision | None, st
     if rules.stage_source(inputs) is not None or nxt is None:
         return None, f"try SFT_ZERO_STAGE={nxt}" if nxt else "lower SFT_MICRO_BATCH or SFT_MAX_LENGTH"
     stage = stages.get(nxt)
-    d = with_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
+    d = at_next_stage(inputs, d, stage, stages.shipped_config(nxt), f"{stage.label}, auto: {why} with {d.stage.label}")
     return d, f"moving to ZeRO {nxt}"
 
 
