@@ -262,9 +262,8 @@ def at_next_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str
     (auto, not searched), they are planned afresh: the new stage's states are smaller, so the checkpoints go back
     to the GPU where they fit there, and on GPUs the batch search's rule picks the splits that can be the fastest
     (fewer rows a pass without checkpointing among them; a lone one is taken untimed). On CPU ranks checkpointing
-    stays on, as the last probe needed it. Before, the
-    stage moved with the escalated split: Qwen3-4B on one H100 went on to 8-bit AdamW with its checkpoints in host
-    memory at 11,123 tokens/s; planned afresh, the search kept 2 x 2 without them, 13,006 (docs/benchmarks.md)."""
+    stays on, as the last probe needed it. Before, the stage moved with the escalated split, its checkpoints still
+    in host memory: slower than the search's pick (measured: docs/benchmarks.md, Qwen3-4B on one 80 GB GPU)."""
     kept = inputs.record is not None and inputs.record.batch is not None  # a checkpoint's split stands
     if inputs.settings.gradient_checkpointing != "auto" or d.searched or d.reshard is not None or kept:
         return with_stage(inputs, d, stage, config, why)
