@@ -301,10 +301,8 @@ def test_a_stage_moved_to_plans_its_activations_and_split_afresh():
     assert moved.reasons["gradient_checkpointing"] == (
         "off, auto: planned again for ZeRO-2 8-bit AdamW after the probe (77.60 GiB predicted)")
     # the user's choice of checkpointing, or a split already searched, moves with the stage as it was
-    for settings in (Settings(gradient_checkpointing="offload"),):
-        mine = inputs_of(settings, h100, Q4)
-        kept, _ = escalation.escalate(mine, decide.decide(mine), why)
-        assert kept.split.offload_activations
+    mine = inputs_of(Settings(gradient_checkpointing="offload"), h100, Q4)
+    assert escalation.escalate(mine, decide.decide(mine), why)[0].split.offload_activations
     searched = dataclasses.replace(offloaded, searched=True)
     assert escalation.escalate(given, searched, why)[0].split.offload_activations
 

@@ -205,9 +205,13 @@ def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, An
 
 def _fitting_level(inputs: Inputs, d: Decision) -> Split | None:
     """d's split with the first way of keeping activations the setting allows that fits d's stage."""
-    if inputs.record is not None and inputs.record.batch is not None:
-        return d.split  # the checkpoint's split stands
+    if _checkpoint_split_stands(inputs):
+        return d.split
     return next((split for split in _levels(inputs, d) if row_for(inputs, d, split).fits), None)
+
+
+def _checkpoint_split_stands(inputs: Inputs) -> bool:
+    return inputs.record is not None and inputs.record.batch is not None
 
 
 def _levels(inputs: Inputs, d: Decision) -> tuple[Split, ...]:
@@ -264,8 +268,8 @@ def at_next_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str
     (fewer rows a pass without checkpointing among them; a lone one is taken untimed). On CPU ranks checkpointing
     stays on, as the last probe needed it. Before, the stage moved with the escalated split, its checkpoints still
     in host memory: slower than the search's pick (measured: docs/benchmarks.md, Qwen3-4B on one 80 GB GPU)."""
-    kept = inputs.record is not None and inputs.record.batch is not None  # a checkpoint's split stands
-    if inputs.settings.gradient_checkpointing != "auto" or d.searched or d.reshard is not None or kept:
+    if (inputs.settings.gradient_checkpointing != "auto" or d.searched or d.reshard is not None
+            or _checkpoint_split_stands(inputs)):
         return with_stage(inputs, d, stage, config, why)
     at = _at_stage(inputs, d, stage, config)
     d = _with_search(inputs, with_stage(inputs, at, stage, config, why,
