@@ -102,6 +102,23 @@ def test_final_model_is_the_trained_weights(runs, stage, tmp_path):
     assert not torch.allclose(got, before, atol=1e-3)  # it did train
 
 
+@pytest.mark.parametrize("stage", ["1", "2"])
+def test_a_checkpoints_weights_are_deepspeeds_and_written_as_save_pretrained_writes_them(runs, stage, tmp_path):
+    """ZeRO-1/2's weights reach a checkpoint without a copy to the host first (ranks/patches/checkpoints.py): the
+    Trainer's model.safetensors holds DeepSpeed's module weights, one tensor per weight as save_pretrained writes
+    the model outside DeepSpeed (the tied LM head once, not a second copy), and DeepSpeed's file loads as before."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    folder = runs[stage][1] / "checkpoint-64"
+    weights = load_file(folder / "model.safetensors")
+    module = torch.load(folder / "global_step64" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, module[name], rtol=0, atol=0)
+    AutoModelForCausalLM.from_pretrained(REPO / "demo" / "tiny-qwen3").save_pretrained(tmp_path)
+    assert sorted(weights) == sorted(load_file(tmp_path / "model.safetensors"))
+
+
 def test_stages_give_the_same_losses_in_fp32(runs):
     reference = step_losses(read_summary(runs["2"][1]))
     assert len(reference) == EPOCH_STEPS

@@ -11,8 +11,8 @@ planner, because each keeps a combination the planner needs: the alternative is 
                           (adamw.py)
     checkpoints.py        DeepSpeed's checkpoint engine: no CRC32 of each record, storages through a pinned ring
                           (saving.py) or written while the steps go on (background.py, weights.py for the
-                          Trainer's model.safetensors); the Trainer's rotation keeping a complete checkpoint
-                          while the newest is written
+                          Trainer's model.safetensors); ZeRO-1/2's weights not cloned to the host first; the
+                          Trainer's rotation keeping a complete checkpoint while the newest is written
     reads.py              the Trainer's step without waiting on the GPU for the numbers it logs
     universal.py          DeepSpeed 0.19's ZeRO-3 universal load: one Adam step count per sub-group
     seqpar.py             DeepSpeed's Ulysses batch adapter as the Trainer reads it
@@ -43,6 +43,8 @@ def apply(spec: RunSpec) -> None:
     trl_head.lm_head_tiles_kept(spec.head_tiles_kept_bytes)  # what the plan counted (planner/memory.py)
     checkpoints.checkpoints_without_crc32()
     checkpoints.checkpoints_by_records(background=spec.save_background, reserve_bytes=spec.snapshot_bytes)
+    if not spec.stage.startswith("3"):  # ZeRO-3's module state holds no weights, and its model is gathered
+        checkpoints.weights_saved_where_they_are()
     if spec.save_background:
         checkpoints.rotation_keeps_a_complete_one()
         checkpoints.checkpoint_weights_in_background()

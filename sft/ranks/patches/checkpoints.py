@@ -1,5 +1,6 @@
 """How DeepSpeed's checkpoint engine writes its files: torch.save without a CRC32 of each record, and each GPU storage
-copied through a small pinned ring (saving.py); each until torch changes (its "Remove when")."""
+copied through a small pinned ring (saving.py); ZeRO-1/2's weights written from where they are, not copied whole into
+host memory first; each until its library changes (its "Remove when")."""
 
 from __future__ import annotations
 
@@ -94,3 +95,49 @@ def checkpoint_weights_in_background() -> None:
 
     save_file.in_background = True
     transformers.modeling_utils.safe_save_file = save_file
+
+
+def weights_saved_where_they_are() -> None:
+    """ZeRO-1/2's bf16 weights go into a checkpoint from where they live, instead of being copied whole into new
+    pageable host memory in the save, twice: DeepSpeed clones its module state to the host before its engine writes
+    it (`preserves_storage_sharing`), and accelerate's `get_state_dict` clones the weights the Trainer's
+    model.safetensors gets. Each clone is a synchronous copy of every weight that held the steps in every save
+    (docs/benchmarks.md, "checkpoints written in the background"); the writers here copy them out themselves,
+    through pinned memory on a stream of their own (saving.py, background.py, weights.py).
+
+    The clones exist because the weights are views into DeepSpeed's flat buffers. DeepSpeed's engine here
+    (by records, zip format) writes each flat buffer once, whole: the weights and a few elements of padding. The
+    Trainer's weights are given a storage of their own bytes (the same memory), so that transformers' tied-weight
+    check and the Hub's shard split, which compare storages, see one tensor per weight again. Remove when
+    DeepSpeed and accelerate copy no weights to the host before a save."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    if getattr(Accelerator.get_state_dict, "where_they_are", False):
+        return
+    TorchCheckpointEngine.preserves_storage_sharing = lambda self: not self.zipfile_serialization
+    original = Accelerator.get_state_dict
+
+    @functools.wraps(original)
+    def get_state_dict(self, model, unwrap=True):
+        config = self.deepspeed_config if self.distributed_type == DistributedType.DEEPSPEED else None
+        if (config is None or config["zero_optimization"]["stage"] == 3
+                or config.get("tensor_parallel", {}).get("autotp_size", 0) > 1):
+            return original(self, model, unwrap)
+        return {name: _alone(tensor) for name, tensor in self.unwrap_model(model).state_dict().items()}
+
+    get_state_dict.where_they_are = True
+    Accelerator.get_state_dict = get_state_dict
+
+
+def _alone(tensor):
+    """`tensor` over a storage of its own bytes: the same memory, no copy (a tensor that is not contiguous is
+    copied where it is)."""
+    import torch
+
+    if not tensor.is_contiguous():
+        return tensor.contiguous()
+    start = tensor.storage_offset() * tensor.element_size()
+    own = tensor.untyped_storage()[start:start + tensor.numel() * tensor.element_size()]
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(own, 0, tensor.shape, tensor.stride())
