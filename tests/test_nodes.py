@@ -289,8 +289,8 @@ def test_a_node_alone_fails_within_the_timeout(tmp_path):
         took.append((run_entrypoint(node_env(tmp_path, port, rank, node_timeout_seconds=2), timeout=120),
                      time.monotonic() - started))
     (follower, follower_s), (leader, leader_s) = took
-    # each well under a minute alone; the bound leaves room for a start on a loaded machine (two took 67 s at once
-    # beside a three-worker test run)
+    # each well under a minute alone; the bound leaves room for a start on a loaded machine (the two, one after the
+    # other, took 67 s together beside a three-worker test run)
     assert follower_s < 90 and leader_s < 90, (follower_s, leader_s)
     assert follower.returncode == exitcodes.PREFLIGHT
     assert f"cannot reach the master node 127.0.0.1:{port + 1} within 2 s" in follower.stdout
