@@ -219,7 +219,7 @@ def one_node(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_shard(one_node, hub_process, tmp_path):
+def test_two_nodes_give_one_nodes_losses_upload_every_shard_and_hold_one_lock(one_node, hub_process, tmp_path):
     # the probe first: node 1 follows node 0 through two launches; node 0 alone uploads, and needs the token
     hub = client_env(hub_process.url, tmp_path / "hf-home")
     store = RepoStore(tmp_path / "hub-process")
@@ -232,7 +232,9 @@ def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_s
 
     def upload_while_paused(procs, logs):
         """24 steps train in about 2 s here, perhaps between two upload rounds: both nodes' ranks pause
-        (SIGSTOP: a slow step) from the first checkpoint until node 0 has uploaded one."""
+        (SIGSTOP: a slow step) from the first checkpoint until node 0 has uploaded one. Meanwhile a third job
+        started on the shared folder stops at once: node 0 alone holds its lock (node 1 takes none, or it would
+        refuse itself), and the error names node 0's controller."""
         # complete, not only begun: the ranks' background writers (threads of the ranks) stop with them, and a
         # checkpoint whose files are still being written is not uploaded (CI: SIGSTOP mid-write, nothing in 120 s)
         wait_for_a_complete_checkpoint(tmp_path / "out", procs, logs[0])
@@ -244,12 +246,17 @@ def test_two_nodes_give_the_losses_of_one_node_with_two_ranks_and_upload_every_s
                 assert time.monotonic() < deadline, "no checkpoint reached the Hub"
                 assert all(p.poll() is None for p in procs), logs[0].read_text()[-3000:]
                 time.sleep(0.1)
+            third = run_entrypoint(demo_env(tmp_path, **JOB), timeout=300)
         finally:
             send_signal(ranks, signal.SIGCONT)
+        assert third.returncode == exitcodes.OUTPUT_BUSY, third.stdout[-3000:] + third.stderr[-3000:]
+        assert f"error: another job is running on {tmp_path / 'out'} (pid {procs[0].pid} on " in third.stdout
 
+    # the ranks wait in a collective while they are paused: their timeout must outlast the third job's start on a
+    # busy machine (30 s did not, under a parallel test run with a busy core)
     (code0, log0), (code1, log1) = two_nodes(tmp_path, "run", probe_steps=2, hub_repo="alice/two-nodes",
                                              upload_minutes=0.02, extra=({**hub, "HF_TOKEN": WRITE_TOKEN}, hub),
-                                             meanwhile=upload_while_paused)
+                                             meanwhile=upload_while_paused, node_timeout_seconds=300)
     assert code0 == 0, log0[-3000:]
     assert code1 == 0 and "node 0 ended the job: exit code 0" in log1, log1[-3000:]
     assert "--nnodes=2 --node-rank=1" in log1 and log1.count("$ ") == 2
@@ -347,28 +354,6 @@ def test_killed_node_fails_the_other_a_stop_stops_both_and_they_resume(one_node,
     losses = step_losses(summary)
     after = [k for k in one_node if k > stopped]
     assert after and max(abs(losses[k] - one_node[k]) for k in after) < 1e-4
-
-
-@pytest.mark.slow
-def test_node_0_holds_the_folders_lock_and_a_third_job_stops_at_once(tmp_path):
-    """Two nodes share the output folder; node 0 alone holds its lock (node 1 takes none, or it would refuse
-    itself), so a third job started on that folder exits 11 at once, naming node 0's controller."""
-    def third_job(procs, logs):
-        wait_for(tmp_path / "out" / "checkpoint-4" / "trainer_state.json", procs, logs[0])
-        ranks = [p for proc in procs for p in process_tree(proc.pid)[1:]]
-        send_signal(ranks, signal.SIGSTOP)  # the job goes on, paused, however long the third takes to start
-        try:
-            third = run_entrypoint(demo_env(tmp_path, **JOB), timeout=300)
-        finally:
-            send_signal(ranks, signal.SIGCONT)
-        assert third.returncode == exitcodes.OUTPUT_BUSY, third.stdout[-3000:] + third.stderr[-3000:]
-        assert f"error: another job is running on {tmp_path / 'out'} (pid {procs[0].pid} on " in third.stdout
-
-    # the ranks wait in a collective while they are paused: their timeout must outlast the third job's start on a
-    # busy machine (30 s did not, under a parallel test run with a busy core)
-    (code0, log0), (code1, log1) = two_nodes(tmp_path, "locked", meanwhile=third_job, node_timeout_seconds=300)
-    assert code0 == code1 == 0, log0[-3000:] + log1[-3000:]
-    assert read_summary(tmp_path / "out")["train"]["global_step"] == JOB["max_steps"]
 
 
 # -- the shipped scheduler files ------------------------------------------------------------------

@@ -22,13 +22,20 @@ from sft.handoff import CheckpointRecord
 pytestmark = pytest.mark.slow
 
 # Rows of 64 tokens: half the demo's conversations are longer than 32, so both halves of a split row hold
-# tokens with labels. fp32 and one row per step, so the two runs differ only in how a row is computed.
+# tokens with labels. fp32 and one row per step, so the two runs differ only in how a row is computed. Two epochs
+# of 24 conversations, so that the order of rows is compared epoch by epoch too.
+ROWS, EPOCHS = 24, 2
+STEPS = ROWS * EPOCHS
 JOB = dict(max_length=64, packing="false", zero_stage="2", precision="fp32", probe_steps=0, logging_steps=1,
-           micro_batch=1, grad_accum=1, learning_rate=1e-3, seed=0, max_steps=40, save_steps=10)
+           micro_batch=1, grad_accum=1, learning_rate=1e-3, seed=0, max_steps=-1, epochs=EPOCHS, save_steps=9,
+           save_total_limit=10)
 
 
 def _run(tmp: Path, ranks: int, split: int | str, record: bool = True):
-    env = demo_env(tmp, cpu_ranks=ranks, sequence_parallel=split, **JOB)
+    data = tmp / "chat.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:ROWS]))
+    env = demo_env(tmp, cpu_ranks=ranks, sequence_parallel=split, dataset=str(data), **JOB)
     if record:
         env["SFTTEST_TOKEN_LOSSES"] = str(tmp / "tokens")
     return env
@@ -59,7 +66,7 @@ def _forwards(path: Path) -> list[list[float]]:
 def test_a_row_split_over_two_ranks_gives_the_whole_rows_token_losses(whole, split):
     rows = _forwards(whole / "tokens" / "rank0.jsonl")
     first, second = _forwards(split / "tokens" / "rank0.jsonl"), _forwards(split / "tokens" / "rank1.jsonl")
-    assert len(rows) == len(first) == len(second) == JOB["max_steps"]
+    assert len(rows) == len(first) == len(second) == STEPS
     crossing = 0
     for row, a, b in zip(rows, first, second):
         assert len(a) == len(b) == JOB["max_length"] // 2  # padded to the whole length on CPU, then halved
@@ -69,8 +76,11 @@ def test_a_row_split_over_two_ranks_gives_the_whole_rows_token_losses(whole, spl
         assert not any(joined[len(row):])  # padding: no label, no loss
         crossing += any(b)
     assert crossing >= len(rows) // 4  # the second half held real tokens, attending to the first half's
-    assert step_losses(read_summary(split / "out")) == pytest.approx(step_losses(read_summary(whole / "out")),
-                                                                        abs=1e-4)
+    # the same rows in the same order, epoch by epoch (the Trainer's epochs through DeepSpeed's batch adapter,
+    # sft/ranks/patches/seqpar.py)
+    losses = step_losses(read_summary(split / "out"))
+    assert sorted(losses) == list(range(1, STEPS + 1))  # one row a step
+    assert losses == pytest.approx(step_losses(read_summary(whole / "out")), abs=1e-4)
     summaries = [read_summary(tmp / "out") for tmp in (whole, split)]
     assert summaries[0]["train"]["num_tokens"] == summaries[1]["train"]["num_tokens"]  # each token counted once
 
@@ -79,33 +89,20 @@ def test_the_split_is_decided_recorded_and_reported(split):
     summary = read_summary(split / "out")
     assert summary["resolved"]["sequence_parallel"] == 2 and summary["resolved"]["attention"] == "sdpa"
     assert summary["decisions"]["sequence_parallel"].startswith("2 (SFT_SEQUENCE_PARALLEL): each rank holds 1/2")
-    assert summary["probe"]["steps_per_epoch"] == 512  # one group: one row a step (the adapter's turns counted)
-    record = CheckpointRecord.load(split / "out" / f"checkpoint-{JOB['max_steps']}" / CheckpointRecord.FILE)
+    assert summary["probe"]["steps_per_epoch"] == ROWS  # one group: one row a step (the adapter's turns counted)
+    record = CheckpointRecord.load(split / "out" / f"checkpoint-{STEPS}" / CheckpointRecord.FILE)
     assert (record.sequence_parallel, record.world_size) == (2, 2)
 
 
-def test_two_epochs_and_a_resume_in_the_second_keep_the_whole_rows_order(tmp_path):
-    """Two epochs of 24 conversations, split and whole: the same rows in the same order, epoch by epoch (the
-    Trainer's epochs through DeepSpeed's batch adapter, sft/ranks/patches/seqpar.py). Then the VM dies after
-    checkpoint-27 (final/ and the later checkpoints gone): a start asking for another split is refused, and one with
-    auto resumes with the checkpoint's, three rows into the second epoch (an odd number: half a turn of the adapter),
-    and trains what the uninterrupted runs trained."""
-    data = tmp_path / "chat.jsonl"
-    data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:24]))
-    two_epochs = {"SFT_DATASET": str(data), "SFT_MAX_STEPS": "-1", "SFT_EPOCHS": "2", "SFT_SAVE_STEPS": "9",
-                  "SFT_SAVE_TOTAL_LIMIT": "10"}
-    losses = {}
-    for name, ranks in (("whole", 1), ("split", 2)):
-        env = {**_run(tmp_path / name, ranks, ranks, record=False), **two_epochs}
-        result = run_entrypoint(env)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        losses[name] = step_losses(read_summary(tmp_path / name / "out"))
-    assert sorted(losses["split"]) == list(range(1, 49))  # 24 rows an epoch, one a step
-    assert losses["split"] == pytest.approx(losses["whole"], abs=1e-4)
-
-    out = tmp_path / "split" / "out"
+def test_a_resume_in_the_second_epoch_keeps_the_split_and_the_rows_order(split, tmp_path):
+    """The VM dies after checkpoint-27 of the split run (final/ and the later checkpoints gone): a start asking for
+    another split is refused, and one with auto resumes with the checkpoint's, three rows into the second epoch (an
+    odd number: half a turn of the adapter), and trains what the uninterrupted run trained."""
+    out = tmp_path / "out"
+    shutil.copytree(split / "out", out)
     for gone in ("final", "checkpoint-36", "checkpoint-45", "checkpoint-48"):
         shutil.rmtree(out / gone)
+    env = {**_run(tmp_path, 2, 2, record=False), "SFT_DATASET": str(split / "chat.jsonl")}  # the rows trained on
     other = run_entrypoint({**env, "SFT_SEQUENCE_PARALLEL": "1"})
     assert other.returncode == exitcodes.PREFLIGHT, other.stdout[-3000:]
     assert ("SFT_SEQUENCE_PARALLEL='1': the checkpoint to resume split each row over 2 ranks" in other.stdout
@@ -116,6 +113,6 @@ def test_two_epochs_and_a_resume_in_the_second_keep_the_whole_rows_order(tmp_pat
     summary = read_summary(out)
     assert summary["resumed_from"].endswith("checkpoint-27")
     assert summary["decisions"]["sequence_parallel"] == "2, as the checkpoint resumed was written"
-    resumed = step_losses(summary)
-    assert {k: resumed[k] for k in range(28, 49)} == pytest.approx({k: losses["split"][k] for k in range(28, 49)},
-                                                                     abs=1e-6)
+    resumed, uninterrupted = step_losses(summary), step_losses(read_summary(split / "out"))
+    assert {k: resumed[k] for k in range(28, STEPS + 1)} == pytest.approx(
+        {k: uninterrupted[k] for k in range(28, STEPS + 1)}, abs=1e-6)
