@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 # name -> the module the Trainer's integration imports
@@ -23,6 +24,31 @@ IN_IMAGE = ("tensorboard", "trackio", "wandb", "mlflow")  # mlflow as mlflow-ski
 FOLDERS = {"tensorboard": ("TENSORBOARD_LOGGING_DIR", "tensorboard"), "trackio": ("TRACKIO_DIR", "trackio"),
            "wandb": ("WANDB_DIR", "wandb")}
 MLRUNS = "mlruns"  # MLflow's local file store under OUTPUT/run/, told as a file:// MLFLOW_TRACKING_URI
+
+
+# Trackers that libraries import as they are imported themselves, used or not: transformers' is_wandb_available()
+# imports wandb (TRL calls it at its import), DeepSpeed's autotuner imports mlflow (at `import deepspeed`). Each costs
+# every process of the job, the controller and each rank, a second or more of its start (docs/benchmarks.md). Those
+# the run does not name are made absent instead, the way Python itself marks a module it has not
+# (sys.modules[name] = None: find_spec answers None and import raises ModuleNotFoundError), so those checks answer
+# "not installed". Not where the user brings a DeepSpeed config: its monitor section may name them. Remove when
+# transformers checks for wandb without importing it and DeepSpeed imports mlflow only when autotuning.
+IMPORTED_REGARDLESS = ("wandb", "mlflow")
+UNUSED_VARIABLE = "SFTJOB_UNUSED_TRACKERS"  # the ranks' copy of `unused`, set by the controller (launch.environment)
+
+
+def unused(report_to: str, ds_config: str | None) -> list[str]:
+    """The trackers a run with these settings never uses, of those libraries import regardless."""
+    chosen = names(report_to)
+    return [] if ds_config else [n for n in IMPORTED_REGARDLESS if n not in chosen]
+
+
+def hide(unused_names: list[str] | str) -> None:
+    """Make these trackers absent in this process (`unused`; a comma-separated string as UNUSED_VARIABLE holds it).
+    One already imported stays."""
+    for name in unused_names.split(",") if isinstance(unused_names, str) else unused_names:
+        if name in IMPORTED_REGARDLESS and name not in sys.modules:
+            sys.modules[name] = None
 
 
 def describe() -> str:

@@ -155,3 +155,27 @@ def test_config_env_reproduces_the_jobs_settings_running_and_ended(pair):
         variables = dict(line.split("=", 1) for line in printed.stdout.splitlines() if line and line[0] != "#")
         assert "SFT_REPORT_TO" in variables and all(k.startswith("SFT_") for k in variables)
         assert from_env(variables).to_dict() == recorded
+
+
+def test_trackers_the_run_does_not_name_are_absent_in_the_ranks_and_the_libraries_import_without_them(tmp_path):
+    """transformers' wandb check and DeepSpeed's autotuner import wandb and mlflow whatever report_to says (a second
+    or more of every process's start): in the ranks (through the controller's variable) those the run does not name
+    are absent, and the libraries the ranks import still import. Without the variable both are imported: the day
+    this fails there, the libraries stopped and sft/tracking.py's `hide` can go."""
+    from sft import tracking
+
+    assert tracking.unused("wandb", None) == ["mlflow"] and tracking.unused("none", None) == ["wandb", "mlflow"]
+    assert tracking.unused("none", str(tmp_path / "ds.json")) == []  # a user's DeepSpeed monitor may name them
+    code = ("import sys, importlib.util, sft.ranks, deepspeed, trl.trainer.sft_trainer, transformers.trainer; "
+            "print([n for n in ('wandb', 'mlflow') if sys.modules.get(n) is not None], "
+            "[importlib.util.find_spec(n) is not None for n in ('wandb', 'mlflow')])")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(tracking.UNUSED_VARIABLE, None)
+    imported = {}
+    for hidden in ("wandb,mlflow", "mlflow", ""):
+        done = subprocess.run([sys.executable, "-c", code], env={**env, tracking.UNUSED_VARIABLE: hidden}, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        imported[hidden] = done.stdout.splitlines()[-1]  # after DeepSpeed's own lines
+    assert imported == {"wandb,mlflow": "[] [False, False]", "mlflow": "['wandb'] [True, False]",
+                        "": "['wandb', 'mlflow'] [True, True]"}

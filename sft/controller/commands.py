@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import click
 
-from .. import exitcodes, nodes
+from .. import exitcodes, nodes, tracking
 from ..planner.inputs import GPU, CannotRun, Machine, Ranks
 from ..settings import Settings, refusal
 from ..units import GIB
@@ -46,6 +46,7 @@ def checked(finders: tuple[inputs.Finder, ...], gpus: tuple[GPU, ...] | None = N
     found = prepare.checked(finders, machine.gpus() if gpus is None else gpus, nnodes)
     if found.problems or found.ranks is None:
         refuse("settings are", found.problems)
+    tracking.hide(tracking.unused(found.settings.report_to, found.settings.ds_config))  # before DeepSpeed's import
     return found.settings, found.ranks
 
 
@@ -265,6 +266,7 @@ def job(probe_only: bool) -> int:
     from . import preflight, standby
 
     s, problems = prepare.settings()  # the nodes' variables among them
+    tracking.hide(tracking.unused(s.report_to, s.ds_config))  # before any library imports them (tracking.py)
     check = machine.early_import_check(s.attention)
     gpus = machine.gpus()
     driver = preflight.check_driver(*machine.driver_facts(gpus), len(gpus), version())

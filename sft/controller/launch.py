@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from .. import tracking
 from ..console import say
 from ..handoff import RunSpec
 from ..lifeline import die_with_parent
@@ -66,6 +67,7 @@ def environment(s: Settings, ranks: Ranks, cache: Path | None = None) -> dict[st
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     # torchrun sets 1 when unset, which starves DeepSpeed's CPU Adam under offload: share the cores out.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks.count)))
+    env[tracking.UNUSED_VARIABLE] = ",".join(tracking.unused(s.report_to, s.ds_config))  # hidden in the ranks
     cache = cache or compile_cache(s)
     if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _inductor_default()):  # unless the user pointed it elsewhere
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
