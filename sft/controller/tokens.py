@@ -4,6 +4,7 @@ output folder, for the ranks and the next start (sft/data/cache.py says what is 
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,12 @@ def keep(tokens: Tokens | None) -> str:
         return ""
     if not tokens.reused:
         began = time.perf_counter()
-        cache.save(tokens.rows, tokens.folder, tokens.key)
+        try:
+            cache.save(tokens.rows, tokens.folder, tokens.key)
+        except OSError as e:  # the job says it as a folder it cannot write in; what the tokens needed, with it
+            free = shutil.disk_usage(tokens.folder.parent).free
+            raise OSError(e.errno, f"{e.strerror or e}: the tokenised rows take {tokens.rows.data.nbytes / 1e6:.1f} "
+                                   f"MB, {free / 1e6:.1f} MB free there") from e
         seconds = time.perf_counter() - began
         say(f"data: tokens kept in {tokens.folder} for the ranks and later starts ({seconds:.1f} s)")
     return str(tokens.folder)

@@ -80,8 +80,12 @@ def save(tokens: Dataset, folder: Path, wanted: dict[str, Any]) -> None:
     when whole, the key written last: a start killed mid-way leaves nothing that a later start trusts."""
     building = folder.with_name(f".{folder.name}-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
-    tokens.save_to_disk(str(building))
-    (building / KEY_FILE).write_text(json.dumps(wanted, indent=1))
+    try:
+        tokens.save_to_disk(str(building))
+        (building / KEY_FILE).write_text(json.dumps(wanted, indent=1))
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)  # a full disk keeps no part of it
+        raise
     shutil.rmtree(folder, ignore_errors=True)
     building.rename(folder)
 
