@@ -17,7 +17,6 @@ import click
 
 from sft import exitcodes
 from sft.controller import commands
-from sft.hub import transport
 from sft.settings import ECOSYSTEM_VARS, describe
 
 
@@ -57,7 +56,6 @@ def cli(ctx: click.Context, job_file: str | None) -> None:
         import os
 
         os.environ["SFT_CONFIG"] = job_file
-    transport.choose()  # before anything imports huggingface_hub, which reads it then; the ranks inherit it
     if ctx.invoked_subcommand is None:
         ctx.invoke(run)
 

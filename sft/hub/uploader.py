@@ -18,6 +18,7 @@ from typing import Any, Callable
 from .. import checkpoints
 from ..console import say
 from ..events import UPLOAD_FILE, EventLog, HubBehind, UploadFinished, UploadStarted
+from . import transport
 from .card import upload_reports
 from .errors import TokenFound, http_status, redact, retry_after, short_error, transient
 from .layout import ROOT, checkpoint_prefix, final_done, hub_checkpoints
@@ -80,6 +81,7 @@ class Uploader:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()  # tqdm bars from a background thread garble the ranks' log lines
+        transport.for_uploads()  # Git LFS from here on, the downloads of the start through Xet (transport.py)
         self.target, self.out = target, Path(output_dir)
         self._print = log or say
         self.events = events or EventLog(None)

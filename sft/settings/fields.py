@@ -35,7 +35,8 @@ ECOSYSTEM_VARS = {
                           "(when unset, squeue is asked).",
     "HF_HOME": "Hugging Face cache (models, datasets); in the image, under the mounted /data.",
     "HF_HUB_OFFLINE": "1: never contact the Hub (models and data must be local or cached).",
-    "HF_HUB_DISABLE_XET": "Unset: the job sets 1, so uploads take Git LFS, the path its tests run; 0: Xet.",
+    "HF_HUB_DISABLE_XET": "Unset: downloads take Xet, the job's uploads Git LFS (the path its tests run); "
+                          "1: Git LFS for both; 0: Xet for both.",
     "CUDA_VISIBLE_DEVICES": "The GPUs the container sees; SFT_GPUS picks among them.",
     **nodes.VARIABLES,
 }
