@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 # name -> the module the Trainer's integration imports
@@ -43,10 +44,9 @@ def unused(report_to: str, ds_config: str | None) -> list[str]:
     return [] if ds_config else [n for n in IMPORTED_REGARDLESS if n not in chosen]
 
 
-def hide(unused_names: list[str] | str) -> None:
-    """Make these trackers absent in this process (`unused`; a comma-separated string as UNUSED_VARIABLE holds it).
-    One already imported stays."""
-    for name in unused_names.split(",") if isinstance(unused_names, str) else unused_names:
+def hide(unused_names: Iterable[str]) -> None:
+    """Make these trackers absent in this process (`unused`). One already imported stays."""
+    for name in unused_names:
         if name in IMPORTED_REGARDLESS and name not in sys.modules:
             sys.modules[name] = None
 

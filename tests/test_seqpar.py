@@ -31,10 +31,14 @@ JOB = dict(max_length=64, packing="false", zero_stage="2", precision="fp32", pro
            save_total_limit=10)
 
 
-def _run(tmp: Path, ranks: int, split: int | str, record: bool = True):
+def _rows(tmp: Path) -> Path:
+    """The demo's first ROWS conversations, in a file of their own under `tmp`."""
     data = tmp / "chat.jsonl"
-    data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:ROWS]))
+    return data
+
+
+def _run(tmp: Path, ranks: int, split: int | str, data: Path, record: bool = True):
     env = demo_env(tmp, cpu_ranks=ranks, sequence_parallel=split, dataset=str(data), **JOB)
     if record:
         env["SFTTEST_TOKEN_LOSSES"] = str(tmp / "tokens")
@@ -45,7 +49,7 @@ def _run(tmp: Path, ranks: int, split: int | str, record: bool = True):
 def whole(tmp_path_factory) -> Path:
     """One rank, each row whole."""
     tmp = tmp_path_factory.mktemp("whole")
-    result = run_entrypoint(_run(tmp, 1, 1))
+    result = run_entrypoint(_run(tmp, 1, 1, _rows(tmp)))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp
 
@@ -54,7 +58,7 @@ def whole(tmp_path_factory) -> Path:
 def split(tmp_path_factory) -> Path:
     """Two ranks, each holding half of every row: one data-parallel group, so the same rows per step."""
     tmp = tmp_path_factory.mktemp("split")
-    result = run_entrypoint({**_run(tmp, 2, 2), "SFT_PROBE_STEPS": "3"})  # the probe's ranks split rows too
+    result = run_entrypoint({**_run(tmp, 2, 2, _rows(tmp)), "SFT_PROBE_STEPS": "3"})  # the probe's ranks split rows too
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp
 
@@ -102,7 +106,7 @@ def test_a_resume_in_the_second_epoch_keeps_the_split_and_the_rows_order(split, 
     shutil.copytree(split / "out", out)
     for gone in ("final", "checkpoint-36", "checkpoint-45", "checkpoint-48"):
         shutil.rmtree(out / gone)
-    env = {**_run(tmp_path, 2, 2, record=False), "SFT_DATASET": str(split / "chat.jsonl")}  # the rows trained on
+    env = _run(tmp_path, 2, 2, split / "chat.jsonl", record=False)  # the rows the split run trained on
     other = run_entrypoint({**env, "SFT_SEQUENCE_PARALLEL": "1"})
     assert other.returncode == exitcodes.PREFLIGHT, other.stdout[-3000:]
     assert ("SFT_SEQUENCE_PARALLEL='1': the checkpoint to resume split each row over 2 ranks" in other.stdout

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DEMO_DATA, DEMO_MODEL, REPO, demo_env, read_summary, run_entrypoint, step_losses, tmpfs
+from sft import exitcodes
 from sft.controller import data as data_step
 from sft.controller import tokens as tokens_step
 from sft.data import cache
@@ -181,7 +182,7 @@ def test_a_disk_too_small_for_the_tokens_stops_naming_their_size_and_keeps_no_pa
     with tmpfs(tmp_path / "disk", "200k") as small:  # the demo's tokens take about 0.3 MB
         out = small / "out"
         result = run_entrypoint({**demo_env(tmp_path, **JOB), "SFT_OUTPUT_DIR": str(out)})
-        assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.returncode == exitcodes.PREFLIGHT, result.stdout[-3000:] + result.stderr[-3000:]
         assert f"error: cannot write in {out} (No space left on device: the tokenised rows take 0.3 MB" in result.stdout
         assert "Traceback" not in result.stdout + result.stderr
         assert sorted(p.name for p in (out / "run").iterdir()) == ["heartbeat", "job.lock", "settings.json"]

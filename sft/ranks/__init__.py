@@ -7,4 +7,4 @@ import os
 
 from .. import tracking
 
-tracking.hide(os.environ.get(tracking.UNUSED_VARIABLE, ""))
+tracking.hide(os.environ.get(tracking.UNUSED_VARIABLE, "").split(","))
