@@ -142,3 +142,69 @@ def test_a_checkpoints_safetensors_written_in_the_background_is_read_by_safetens
     final = {k: v.contiguous() for k, v in expected.items()}  # as save_pretrained hands them over
     transformers.modeling_utils.safe_save_file(final, str(tmp_path / "final" / "model.safetensors"))
     assert (tmp_path / "final" / "model.safetensors").is_file() and not list((tmp_path / "final").glob(f"{checkpoints.WRITING}*"))
+
+
+def test_retire_renames_what_the_newest_complete_ones_leave_and_never_a_complete_newest(tmp_path):
+    out = tmp_path / "out"
+    for step in (10, 20, 30):
+        make_checkpoint(out, step, ranks=1)
+    (out / "checkpoint-30" / f"{checkpoints.WRITING}-0").mkdir()
+    (out / "checkpoint-30" / f"{checkpoints.WRITING}-0" / "latest").write_text("")  # 30 still being written
+    assert checkpoints.retire(out, 1) == [out / f"{checkpoints.REMOVING}-checkpoint-10"]  # 20 is what a resume needs
+    assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-20", "checkpoint-30"]
+    assert checkpoints.latest_complete(out) == out / "checkpoint-20"  # the retired one is out of sight at once
+    (out / "checkpoint-30" / f"{checkpoints.WRITING}-0" / "latest").unlink()
+    make_checkpoint(out, 40, ranks=1)
+    assert checkpoints.retire(out, 1, protected=str(out / "checkpoint-20")) == [
+        out / f"{checkpoints.REMOVING}-checkpoint-30"]  # the Trainer's best stays
+    assert checkpoints.retire(out, 5) == []
+    checkpoints.remove_retired(out)
+    assert checkpoints.being_removed(out) == [] and [p.name for p in out.iterdir()] != []
+
+
+def test_the_retired_are_removed_behind_the_next_snapshot_and_other_ranks_wait_for_it(tmp_path):
+    """The remover's clear is queued before the next checkpoint's files and does not hold the snapshot; a rank that
+    does not remove writes its files only once they are gone."""
+    out = tmp_path / "out"
+    make_checkpoint(out, 10, ranks=1)
+    make_checkpoint(out, 20, ranks=1)
+    [retired] = checkpoints.retire(out, 1)
+    waiting = background.Writer()
+    waiting.clear(out, remover=False)
+    folder = out / "checkpoint-30"
+    folder.mkdir()
+    saving.save(state(2), folder / "optim.pt", waiting)  # its snapshot returns: the clear does not hold it
+    assert retired.exists() and not (folder / "optim.pt").exists()  # its file waits for the removal
+    remover = background.Writer()
+    remover.clear(out, remover=True)
+    remover.wait()
+    waiting.wait()
+    assert not retired.exists() and (folder / "optim.pt").is_file()
+
+
+def test_a_disk_for_two_checkpoints_holds_a_run_of_many_saved_in_the_background(tmp_path):
+    """SFT_SAVE_TOTAL_LIMIT=1 on a disk with room for the kept checkpoint, the one being written and the final
+    model, as the disk preflight counts, and not for a third: every save of the run fits. Before, the oldest was
+    removed only after the next save's files had begun, so the third save filled the disk (a GPU machine's 64 GB
+    disk with Qwen3-1.7B)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from conftest import DEMO_MODEL, demo_env, read_summary, run_entrypoint, tmpfs
+    from sft.planner import disk
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(DEMO_MODEL))
+    per_param, _ = disk.checkpoint_bytes_per_param(False, 2, "adamw")
+    planned = per_param * model.num_parameters()  # the real one is 0.9x-1.25x of it (tests/test_job.py)
+    with tmpfs(tmp_path / "disk", "64m") as small:
+        out = small / "out"
+        env = demo_env(tmp_path, zero_stage="2", probe_steps=5, save_steps=20, save_total_limit=1, logging_steps=1,
+                       learning_rate=2e-3, precision="fp32", seed=0, packing="false")
+        # before the save at step 40, with checkpoint-20 kept: room for one more and the final model, not two more
+        env.update(SFT_OUTPUT_DIR=str(out), SFTTEST_FILL_DISK=f"40:{int(1.7 * planned)}:{small / 'filler'}")
+        result = run_entrypoint(env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        summary = read_summary(out)
+        assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-64"]
+        assert checkpoints.problem(out / "checkpoint-64") is None and checkpoints.being_removed(out) == []
+        assert summary["train"]["global_step"] == 64 and (out / "final" / "config.json").is_file()
+        assert "[rank 0] disk after checkpoint-60:" in result.stdout  # a save after the disk filled

@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, clean_environ, demo_env, read_summary, run_entrypoint
 from sft import checkpoints, exitcodes
 from sft.events import CheckpointSaved, Evaluated, read_events
+from sft.ranks.cadence import SaveClock
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +69,22 @@ def test_evaluation_goes_with_each_checkpoint_saved_by_time(by_time):
     assert result.returncode == 0, result.stdout[-3000:]
     evaluated = [e.step for _, e in read_events(out / "run" / "events.jsonl") if isinstance(e, Evaluated)]
     assert evaluated == saves(out)
+
+
+def test_no_checkpoint_by_time_just_before_the_end_which_saves_anyway():
+    """The clock's rule, with the seconds of steps left that rank 0 measures: due, it asks for a save unless the end
+    comes within a tenth of the interval (the last step saves then), and it asks once per interval."""
+    clock = SaveClock(interval_s=60.0, rank0=True)
+    clock.since -= 61  # an interval since the last save
+    assert clock.ask(500, left_s=5.9) is False  # the end in under 6 s: its own save comes
+    assert clock.ask(500, left_s=None) is True  # steps left unknown (no rate yet): saves when due
+    assert clock.ask(501, left_s=600.0) is False  # asked already: the answer is on its way
+    clock.saved()
+    clock.since -= 61
+    assert clock.ask(900, left_s=6.0) is True  # a tenth of the interval away: still worth a save
+    other = SaveClock(interval_s=60.0, rank0=False)
+    other.since -= 61
+    assert other.ask(500, left_s=600.0) is False  # only rank 0 asks
 
 
 def test_save_steps_win_over_the_upload_interval(tmp_path):

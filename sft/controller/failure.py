@@ -35,6 +35,7 @@ def after(out: Path, predicted_checkpoint_bytes: int | None = None, error: str |
         say(f"error: the disk of {out} is full ({free / 1e9:.3g} GB free{one}), so the save failed: free space or "
             "mount a larger volume")
     resumes = newest.name if newest else "the beginning"
+    checkpoints.remove_retired(out)  # retired before the failure, their removal cut off
     for torn in checkpoints.torn(out):
         shutil.rmtree(torn, ignore_errors=True)
         if torn.exists():  # a read-only folder: it stays, and a resume skips it as incomplete

@@ -107,7 +107,7 @@ def recipe(job: Runner, facts: machine.Facts, target, found: data.Found, probe_o
     try:
         stopper.on_request = lambda reason, detail: events.emit(StopRequested(reason=reason, detail=detail))
         stopper.install()
-        paths.stop_file.unlink(missing_ok=True)  # a stop of an earlier start must not stop this one
+        paths.clear_leftovers()
         write_json(paths.run / "settings.json", s.to_dict())
         job.tokens = tokens.keep(found.tokens)  # for the ranks and the next start: no start tokenises twice
         parts.time_limit = time_limit(s, events)

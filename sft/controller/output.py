@@ -22,6 +22,14 @@ class Paths:
     def run(self) -> Path:
         return self.out / "run"
 
+    def clear_leftovers(self) -> None:
+        """What an earlier start left that must not carry over: its stop file (it would stop this one), and the
+        checkpoints it retired whose removal a kill cut off (their room is this start's)."""
+        from ..checkpoints import remove_retired
+
+        self.stop_file.unlink(missing_ok=True)
+        remove_retired(self.out)
+
     @property
     def final(self) -> Path:
         return self.out / "final"

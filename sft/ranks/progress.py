@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from ..checkpoints import step_of
+from ..checkpoints import retire, step_of
 from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, CheckpointWritten, Evaluated, EventLog, Progress
 from ..handoff import CheckpointRecord, RankReport, write_json
 from ..planner import disk
@@ -127,7 +127,9 @@ class ProgressCallback(TrainerCallback):
             self.hold.wait(self.trainer, state.global_step)
             for name, value in flags.items():  # the probe's timed evaluation clears the step's own log and evaluation
                 setattr(control, name, value)
-        stop, save_due = self.stop.agree(lagged=True, save_due=self.clock.ask(state.global_step))
+        per_step = self.progress.seconds_per_step  # rank 0's, the one that asks
+        left_s = (state.max_steps - state.global_step) * per_step if per_step and state.max_steps > 0 else None
+        stop, save_due = self.stop.agree(lagged=True, save_due=self.clock.ask(state.global_step, left_s))
         if save_due or self.clock.last_step(state):
             control.should_save = True
             control.should_evaluate = control.should_evaluate or self.clock.evaluates
@@ -139,6 +141,7 @@ class ProgressCallback(TrainerCallback):
         if control.should_save:
             self._refuse_to_save_diverged(state)
             self._save_began = time.monotonic()
+            self._previous_written_and_rotated(args, state)  # before this checkpoint's folder exists
         if control.should_save and state.is_world_process_zero:
             # Before the Trainer writes the checkpoint (trainer_state.json last), so a complete checkpoint
             # always says which stage and how many ranks wrote it (a resume must use the same), and the
@@ -202,9 +205,17 @@ class ProgressCallback(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
-        """The checkpoint still being written is whole before the rank goes on: to the final model, or its end.
-        Then the rotation the last save could not finish: it kept one more while the newest was being written
-        (patches/checkpoints.py), and no later save comes to delete it."""
+        """The checkpoint still being written is whole before the rank goes on: to the final model, or its end."""
+        self._previous_written_and_rotated(args, state)
+
+    def _previous_written_and_rotated(self, args, state) -> None:
+        """The checkpoint still being written made whole, then the rotation its save could not finish: that kept
+        one more while the newest was being written (patches/checkpoints.py). Run before the next save (a save waits
+        for the write in flight anyway) and at the end, so the disk holds at most SFT_SAVE_TOTAL_LIMIT complete
+        checkpoints and the one being written, as the disk preflight counts: with the rotation left to the next
+        save's end, the oldest was still there while the next one's files were written, one checkpoint more (on a
+        GPU machine whose disk held two checkpoints of Qwen3-1.7B, the third save filled it). The retired ones are
+        renamed here and removed by the writer's thread before it writes the next checkpoint's files."""
         if (writer := background.writer()) is None:
             return
         writer.wait()
@@ -212,10 +223,10 @@ class ProgressCallback(TrainerCallback):
         if dist.is_initialized():
             dist.barrier()  # every rank's files of the newest are written before it counts as complete
         if args.should_save and args.save_total_limit:
-            import transformers.trainer
-
-            transformers.trainer.rotate_checkpoints(args.output_dir, args.save_total_limit,
-                                                    state.best_model_checkpoint, use_mtime=True)
+            retire(Path(args.output_dir), args.save_total_limit, state.best_model_checkpoint)
+        if dist.is_initialized():
+            dist.barrier()  # renamed before any rank looks for them
+        writer.clear(Path(args.output_dir), remover=args.should_save)  # behind the steps, before the next files
 
     def _written_in_background(self, state) -> None:
         """A background write's failure (a full disk) raised here, in the training's thread, as a save at once
@@ -268,13 +279,14 @@ class ProgressCallback(TrainerCallback):
 def room_after(args, state, model, every: int) -> tuple[bool, str]:
     """The newest checkpoint's real size against the room the rest of the run needs, a checkpoint every `every`
     steps and one at the end: (fits, why)."""
-    from ..checkpoints import all_checkpoints, folder_bytes, free_disk, unwritten_bytes
+    from ..checkpoints import all_checkpoints, being_removed, folder_bytes, free_disk, unwritten_bytes
 
     out = Path(args.output_dir)
     newest = out / f"checkpoint-{state.global_step}"
     coming = unwritten_bytes(newest)  # written in the background: counted as if already on the disk
+    going = sum(folder_bytes(p) for p in being_removed(out))  # retired, removed behind: counted as gone
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
-    return disk.room_after_save(folder_bytes(newest) + coming, free_disk(str(out)) - coming,
+    return disk.room_after_save(folder_bytes(newest) + coming, free_disk(str(out)) - coming + going,
                       len(all_checkpoints(out)), args.save_total_limit,
                       disk.saves_left(state.global_step, state.max_steps, every),
                       params * disk.weight_bytes(args.bf16))

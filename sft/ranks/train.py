@@ -51,6 +51,8 @@ def main(spec_path: str) -> int:
         _results(report, trainer, result, stop)
         if spec.mode == "train" and not stop.requested and not ended:
             trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
+        if (writer := patches.background.writer()) is not None:
+            writer.wait()  # the retired checkpoints' removal, behind the final model: done before the rank exits
     except Exception as e:  # every failure is reported to the controller, then re-raised
         _written_before_failing()
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import torch
 
-from ...checkpoints import WRITING
+from ...checkpoints import WRITING, being_removed, remove_retired
 
 BLOCK_BYTES = 1 << 30  # the snapshot's blocks: a power of two, as torch's pinned allocator rounds each up to one
 WRITERS = 4  # pwrite calls at once (saving.py)
+CLEAR_WAIT_S = 600.0  # a rank that does not remove the retired checkpoints waits at most this long for them to go
 
 
 @dataclass
@@ -108,14 +109,21 @@ class _File:
     folder: Written
 
 
+@dataclass
+class _Clear:
+    output_dir: Path
+    remover: bool  # this rank removes the retired checkpoints; the others wait until they are gone
+
+
 class Writer:
     """The one thread that writes snapshots to their files, in the order they were taken."""
 
     def __init__(self):
         self.arena = Arena(pinned=torch.cuda.is_available())
-        self._queue: queue.Queue[_File] = queue.Queue()
+        self._queue: queue.Queue[_File | _Clear] = queue.Queue()
         self._lock = threading.Condition()  # guards what follows, shared with the writing thread
-        self._pending = 0
+        self._pending = 0  # jobs queued and not done: files and clears
+        self._files = 0  # of them, files
         self._failure: BaseException | None = None
         self._current: Written | None = None  # the checkpoint whose files are being taken or written
         self._done: list[Written] = []
@@ -138,7 +146,7 @@ class Writer:
         parent = Path(final).parent  # checkpoint-N/global_stepN/FILE, or checkpoint-N/FILE
         folder = str(parent if parent.name.startswith("checkpoint-") else parent.parent)
         if self._current is None or self._current.folder != folder:
-            self.wait()  # a new checkpoint: the one in flight first, and its memory then serves this one
+            self.wait(files_only=True)  # a new checkpoint: the one in flight first, its memory then serves this one
             with self._lock:
                 self._current = Written(folder)
         pieces, nbytes = [], 0
@@ -161,23 +169,45 @@ class Writer:
             torch.cuda.current_stream(on_gpu[0]).wait_stream(stream)
         with self._lock:
             self._pending += 1
+            self._files += 1
         self._queue.put(_File(temporary, final, pieces, copied, nbytes, self._current))
+
+    def clear(self, output_dir: Path, remover: bool) -> None:
+        """Before the next checkpoint's files: the retired checkpoints (checkpoints.retire) removed by this rank, or,
+        where another rank removes them, gone, so that the disk never holds them beside the new one; the training
+        goes on meanwhile."""
+        with self._lock:
+            self._pending += 1
+        self._queue.put(_Clear(output_dir, remover))
+
+    @staticmethod
+    def _clear(job: _Clear) -> None:
+        if job.remover:
+            remove_retired(job.output_dir)
+            return
+        deadline = time.monotonic() + CLEAR_WAIT_S
+        while being_removed(job.output_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _run(self) -> None:
         with ThreadPoolExecutor(WRITERS, thread_name_prefix="checkpoint-write") as writers:
             while True:
                 job = self._queue.get()
                 try:
-                    if self._failure is None:
+                    if isinstance(job, _Clear):
+                        self._clear(job)
+                    elif self._failure is None:
                         self._write(job, writers)
                     else:  # after a failed write the checkpoint is torn anyway: its other files go too
                         Path(job.temporary).unlink(missing_ok=True)
                 except BaseException as error:  # a full disk, a folder gone: raised in the training's thread
                     self._failure = error
-                    Path(job.temporary).unlink(missing_ok=True)  # what it wrote goes, so the disk has its room back
+                    if isinstance(job, _File):
+                        Path(job.temporary).unlink(missing_ok=True)  # what it wrote goes, so the disk has its room back
                 finally:
                     with self._lock:
                         self._pending -= 1
+                        self._files -= isinstance(job, _File)
                         self._settle()
                         self._lock.notify_all()
 
@@ -201,7 +231,7 @@ class Writer:
 
     def _settle(self) -> None:
         """Under the lock: a sealed checkpoint with nothing left to write is written."""
-        if self._pending == 0 and self._current is not None and self._current.sealed:
+        if self._files == 0 and self._current is not None and self._current.sealed:
             self._done.append(self._current)
             self._current = None
 
@@ -212,11 +242,11 @@ class Writer:
                 self._current.sealed = True
                 self._settle()
 
-    def wait(self) -> None:
-        """Until every queued file is written; then the arena is free for the next checkpoint. Raises a write's
-        failure."""
+    def wait(self, files_only: bool = False) -> None:
+        """Until every queued file is written (and, but with files_only, every clear done); then the arena is free
+        for the next checkpoint. Raises a write's failure."""
         with self._lock:
-            while self._pending:
+            while self._files if files_only else self._pending:
                 self._lock.wait()
             if self._current is not None:
                 self._current.sealed = True
