@@ -18,7 +18,7 @@ and beside the steps, not in the sum: the checkpoints' background writes (checkp
 the uploads (upload_finished's seconds). goodput = steps / wall. Tokens / wall and, where the GPU's peak is known
 (scripts/bench.py's convention: 6N FLOPs per token, peak in PEAK), MFU per GPU over the whole run.
 
-    python scripts/bench_epoch.py [--set key=value ...] [--compare] [--json OUT] [--work DIR]
+    python scripts/bench_epoch.py [--set key=value ...] [--compare] [--json OUT] [--work DIR] [--clean]
 
 Written for the CPU here (the demo model and data, two CPU ranks) as for a GPU machine: with `--set model=DIR` the
 demo's settings are left out. `--compare`: the cadence before issue 42 (SFT_SAVE_STEPS=200, synchronous saves with
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,8 +45,9 @@ from sft.events import read_events  # noqa: E402  (the job's own reader of its e
 DEMO = dict(model=str(REPO / "demo" / "tiny-qwen3"), dataset=str(REPO / "demo" / "chat.jsonl"), max_length="128",
             micro_batch="1", grad_accum="1", probe_steps="10", learning_rate="2e-3")
 OLD_CADENCE = dict(save_steps="200", save_background="false")  # the README's recipe before issue 42, saves in the step
-# bf16 dense FLOP/s by a word of the device's name: the H200's is the one measured here (scripts/bench.py)
-PEAK = {"H200": 790e12}
+# bf16 dense FLOP/s by a word of the device's name: the H200's is the one measured here, and scripts/bench.py
+# divides by it on every device, the H100 included (the same chip; its own peak is not measured here)
+PEAK = {"H200": 790e12, "H100": 790e12}
 SUMMED = ("start to decision", "probe", "steps", "blocked by saves", "evaluation", "final model", "end", "other")
 
 
@@ -175,7 +177,9 @@ def table(runs: list[dict]) -> str:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the figures here.")
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), help="Folder for the output folders and "
               "logs (default: a new one in TMPDIR).")
-def main(overrides: tuple[str, ...], compare: bool, json_out: Path | None, work: Path | None) -> None:
+@click.option("--clean", is_flag=True, help="Delete each run's checkpoints and final model once its figures are taken, for a disk "
+              "that holds one run's and not two.")
+def main(overrides: tuple[str, ...], compare: bool, json_out: Path | None, work: Path | None, clean: bool) -> None:
     own = dict(o.split("=", 1) for o in overrides)
     settings = {**({} if "model" in own else DEMO), **own}
     work = work or Path(tempfile.mkdtemp(prefix="bench-epoch-"))
@@ -190,6 +194,9 @@ def main(overrides: tuple[str, ...], compare: bool, json_out: Path | None, work:
         row = {"name": name, "settings": these, **account(work / f"out-{name}", launched, exited), "exit": code}
         add_rates(row, these)
         runs.append(row)
+        if clean:
+            for folder in [*(work / f"out-{name}").glob("checkpoint-*"), work / f"out-{name}" / "final"]:
+                shutil.rmtree(folder, ignore_errors=True)
         if json_out:  # a cut-off invocation keeps the runs it made
             json_out.write_text(json.dumps(runs, indent=1))
     click.echo(table(runs))
