@@ -122,6 +122,21 @@ def being_removed(output_dir: Path) -> list[Path]:
     return sorted(output_dir.glob(f"{REMOVING}-*")) if output_dir.is_dir() else []
 
 
+def freed_by_removal(output_dir: Path) -> int:
+    """Bytes the retired checkpoints' removal gives back: the blocks of their files with no other link (the
+    uploader's hard-linked snapshot of one it is sending keeps that file's blocks until it is sent)."""
+    total = 0
+    for folder in being_removed(output_dir):
+        for root, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    st = os.lstat(os.path.join(root, name))
+                except FileNotFoundError:
+                    continue  # removed while counted
+                total += st.st_blocks * 512 if st.st_nlink == 1 else 0
+    return total
+
+
 def remove_retired(output_dir: Path) -> None:
     """Remove the retired checkpoints a kill or a failure left before their removal ended."""
     for folder in being_removed(output_dir):

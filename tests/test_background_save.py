@@ -158,6 +158,13 @@ def test_retire_renames_what_the_newest_complete_ones_leave_and_never_a_complete
     assert checkpoints.retire(out, 1, protected=str(out / "checkpoint-20")) == [
         out / f"{checkpoints.REMOVING}-checkpoint-30"]  # the Trainer's best stays
     assert checkpoints.retire(out, 5) == []
+    retired = checkpoints.being_removed(out)
+    held = out / "run" / "upload-staging" / "shard.pt"  # the uploader's hard link to a file it is sending
+    held.parent.mkdir(parents=True)
+    shard = next(p for p in retired[0].rglob("*") if p.is_file() and p.stat().st_size > 0)
+    held.hardlink_to(shard)
+    everything = sum(checkpoints.folder_bytes(p) for p in retired)
+    assert checkpoints.freed_by_removal(out) == everything - shard.stat().st_blocks * 512 > 0
     checkpoints.remove_retired(out)
     assert checkpoints.being_removed(out) == [] and [p.name for p in out.iterdir()] != []
 

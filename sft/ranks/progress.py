@@ -279,12 +279,12 @@ class ProgressCallback(TrainerCallback):
 def room_after(args, state, model, every: int) -> tuple[bool, str]:
     """The newest checkpoint's real size against the room the rest of the run needs, a checkpoint every `every`
     steps and one at the end: (fits, why)."""
-    from ..checkpoints import all_checkpoints, being_removed, folder_bytes, free_disk, unwritten_bytes
+    from ..checkpoints import all_checkpoints, folder_bytes, free_disk, freed_by_removal, unwritten_bytes
 
     out = Path(args.output_dir)
     newest = out / f"checkpoint-{state.global_step}"
     coming = unwritten_bytes(newest)  # written in the background: counted as if already on the disk
-    going = sum(folder_bytes(p) for p in being_removed(out))  # retired, removed behind: counted as gone
+    going = freed_by_removal(out)  # retired, removed behind the steps: counted as gone
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
     return disk.room_after_save(folder_bytes(newest) + coming, free_disk(str(out)) - coming + going,
                       len(all_checkpoints(out)), args.save_total_limit,
