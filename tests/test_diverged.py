@@ -143,6 +143,7 @@ def test_the_check_runs_before_every_save():
     import torch
     from transformers import TrainerControl
 
+    from sft.events import Progress
     from sft.ranks.cadence import SaveClock
     from sft.ranks.progress import LossNotFinite, ProgressCallback
 
@@ -152,6 +153,7 @@ def test_the_check_runs_before_every_save():
     callback.hold = None  # a training launch that is not also the probe
     callback.stop = SimpleNamespace(agree=lambda lagged=False, save_due=False: (False, False))
     callback.clock = SaveClock()  # by the Trainer's steps: it decided the save below
+    callback.progress = Progress()  # no rate yet
     callback._write_progress = lambda *a, **k: None  # the progress file: not what is tested here
     state = SimpleNamespace(global_step=5, is_world_process_zero=False)
     callback.on_step_end(SimpleNamespace(save_strategy="steps"), state, TrainerControl())  # no save: no check
