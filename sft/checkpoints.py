@@ -125,16 +125,7 @@ def being_removed(output_dir: Path) -> list[Path]:
 def freed_by_removal(output_dir: Path) -> int:
     """Bytes the retired checkpoints' removal gives back: the blocks of their files with no other link (the
     uploader's hard-linked snapshot of one it is sending keeps that file's blocks until it is sent)."""
-    total = 0
-    for folder in being_removed(output_dir):
-        for root, _, files in os.walk(folder):
-            for name in files:
-                try:
-                    st = os.lstat(os.path.join(root, name))
-                except FileNotFoundError:
-                    continue  # removed while counted
-                total += st.st_blocks * 512 if st.st_nlink == 1 else 0
-    return total
+    return sum(folder_bytes(folder, unlinked_only=True) for folder in being_removed(output_dir))
 
 
 def remove_retired(output_dir: Path) -> None:
@@ -164,13 +155,16 @@ def unwritten_bytes(path: Path) -> int:
     return total
 
 
-def folder_bytes(path: Path) -> int:
-    """Bytes a folder takes on its disk (allocated blocks, as du counts them), its subfolders included."""
+def folder_bytes(path: Path, unlinked_only: bool = False) -> int:
+    """Bytes a folder takes on its disk (allocated blocks, as du counts them), its subfolders included; with
+    unlinked_only, of the files no other hard link holds (what removing the folder gives back)."""
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                st = os.lstat(os.path.join(root, name))
             except FileNotFoundError:
                 continue  # removed while counted (the Trainer rotating checkpoints)
+            if not unlinked_only or st.st_nlink == 1:
+                total += st.st_blocks * 512
     return total
