@@ -49,6 +49,7 @@ KEEP = 2
 # Two epochs of 64 steps (512 conversations / (2 ranks x micro-batch 1 x accumulation 4)): one epoch trains
 # in as little as 3 s here, two or three upload rounds, too few for the cadence tests to count on.
 EPOCHS = 2
+CADENCE_STEP_S = 0.1  # at least 12.8 s of steps in the whole run: ten upload rounds or more
 TOTAL_STEPS = EPOCHS * 64  # the job's last step
 JOB = dict(zero_stage="2", precision="fp32", seed=0, learning_rate=2e-3, logging_steps=1, probe_steps=0,
            save_steps=8, save_total_limit=KEEP, upload_minutes=UPLOAD_MINUTES, packing="false", epochs=EPOCHS)
@@ -280,7 +281,10 @@ def _create_repo(hub: HubProcess, name: str, private: bool) -> None:
 @pytest.fixture(scope="module")
 def cadence(hub, tmp_path_factory) -> Run:
     tmp = tmp_path_factory.mktemp("cadence")
-    run = run_job(job_env(hub, tmp, "alice/cadence"))
+    # Slower steps (sft/dev/faults.py), so the upload rounds the tests below count happen whatever the machine:
+    # on a fast one the 128 steps trained in 6 s, three rounds of 1.2 s with the uploads between (CI, stop 53).
+    env = {**job_env(hub, tmp, "alice/cadence"), "SFTTEST_STEP_SECONDS": str(CADENCE_STEP_S)}
+    run = run_job(env)
     assert run.code == 0, run.output[-4000:]
     return run
 
