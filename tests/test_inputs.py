@@ -76,6 +76,12 @@ def test_every_problem_at_once_before_anything_is_written(tmp_path):
     ({"zero": {"stage3_prefetch": 10}}, "zero_optimization.stage3_prefetch=10: Extra inputs are not permitted"),
     ({"bf16": {"enabled": True}, "fp16": {"enabled": True}},
      "the file as a whole: DeepSpeed refuses it (AssertionError: bfloat16 and fp16 modes cannot be simultaneously"),
+    # ZeRO-3 without the weights gathered for save_model: final/ was DeepSpeed's shards, no weights from_pretrained
+    # loads (found on CPU ranks: no model.safetensors in it)
+    ({"zero": {"stage": 3}}, "zero_optimization.stage3_gather_16bit_weights_on_model_save is left out (DeepSpeed's "
+                             "default: false): at ZeRO-3 the final model would then be DeepSpeed's shards"),
+    ({"zero": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}},
+     "zero_optimization.stage3_gather_16bit_weights_on_model_save=False: at ZeRO-3 the final model"),
 ])
 def test_a_deepspeed_file_with_wrong_types_names_the_key(isolated_env, tmp_path, changes, named):
     """Before: the ranks died 25-44 s in with pydantic's errors, or the controller with an AttributeError."""

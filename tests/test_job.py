@@ -102,6 +102,22 @@ def test_final_model_is_the_trained_weights(runs, stage, tmp_path):
     assert not torch.allclose(got, before, atol=1e-3)  # it did train
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_final_model_is_the_end_checkpoints_model_files_linked_not_written_again(runs, stage, tmp_path):
+    """final/ is the end's checkpoint's files for the model (ranks/final.py): each the same file on the disk (a hard
+    link), and by name what save_model writes: the model's and the tokenizer's save_pretrained, and training_args.bin.
+    Before, save_model wrote the weights a second time while the GPU waited."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = runs[stage][1]
+    final, last = out / "final", out / "checkpoint-64"
+    for path in final.iterdir():
+        assert path.stat().st_ino == (last / path.name).stat().st_ino, path.name
+    AutoModelForCausalLM.from_pretrained(final).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(final).save_pretrained(tmp_path)
+    assert sorted(p.name for p in final.iterdir()) == sorted([p.name for p in tmp_path.iterdir()] + ["training_args.bin"])
+
+
 @pytest.mark.parametrize("stage", ["1", "2"])
 def test_a_checkpoints_weights_are_deepspeeds_and_written_as_save_pretrained_writes_them(runs, stage, tmp_path):
     """ZeRO-1/2's weights reach a checkpoint without a copy to the host first (ranks/patches/checkpoints.py): the

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 AUTO = "auto"
+GATHER = "stage3_gather_16bit_weights_on_model_save"  # ZeRO-3 gathers the weights for save_model (the final model)
 MICRO_BATCH = "train_micro_batch_size_per_gpu"  # DeepSpeed needs one batch size; the Trainer fills "auto"
 
 
@@ -36,7 +37,18 @@ def problems(config: Mapping[str, Any], micro_batch: int) -> list[str]:
         why = _refused({**base, **_without_auto(dict(config))})
         if why is not None:
             found.append(f"the file as a whole: {why[1]}")
-    return found
+    return found + _final_model(config)
+
+
+def _final_model(config: Mapping[str, Any]) -> list[str]:
+    """At ZeRO-3 the Trainer writes the final model's 16-bit weights only where DeepSpeed gathers them for it; without
+    that, final/ would hold DeepSpeed's shards, which from_pretrained cannot load (and the Hub would get those)."""
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, dict) or zero.get("stage") != 3 or zero.get(GATHER) is True:
+        return []
+    said = f"={zero[GATHER]!r}" if GATHER in zero else " is left out (DeepSpeed's default: false)"
+    return [f"zero_optimization.{GATHER}{said}: at ZeRO-3 the final model would then be DeepSpeed's shards, which "
+            "from_pretrained cannot load; set it to true"]
 
 
 def _without_auto(value: Any) -> Any:

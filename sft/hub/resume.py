@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -125,13 +126,16 @@ def resume_from_hub(api, repo_id: str, output_dir: Path, log: Callable[[str], No
             if not complete or step > complete[-1]:
                 log(f"warning: checkpoint-{step} on the Hub has no manifest (its upload was cut off): skipped")
         for step in reversed(complete):
+            began = time.monotonic()
             try:
                 path = download_checkpoint(api, repo_id, step, output_dir, revision, complete_prefix(files, step))
             except TornCheckpoint as e:
                 log(f"warning: checkpoint-{step} on the Hub is torn ({e}): skipped for the previous one")
                 continue
+            seconds = time.monotonic() - began  # what a resume from the Hub costs before the ranks start
             total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-            log(f"resume: checkpoint-{step} downloaded from {repo_id} and verified ({size_text(total)})")
+            log(f"resume: checkpoint-{step} downloaded from {repo_id} and verified ({size_text(total)} in "
+                f"{seconds:.1f} s, {total / 1e6 / max(seconds, 1e-3):.1f} MB/s)")
             return path
     except HubError:
         raise

@@ -109,6 +109,7 @@ class ProgressCallback(TrainerCallback):
         self.progress = Progress()
         self._written = 0.0
         self._save_began: float | None = None
+        self.saved_step: int | None = None  # the step of the newest checkpoint this run saved (every rank)
         self.hold = None  # a Hold (ranks/hold.py) where this training launch is also the probe
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -189,6 +190,7 @@ class ProgressCallback(TrainerCallback):
         later save (the controller then exits 3)."""
         if (writer := background.writer()) is not None:
             writer.seal()
+        self.saved_step = state.global_step
         self._saved(args, state)
         self._written_in_background(state)
         self.clock.saved()

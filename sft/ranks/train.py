@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .. import exitcodes
 from ..handoff import CheckpointRecord, RankReport, RunSpec
 from ..lifeline import die_with_parent
-from . import devtools, evaluation, patches, trackers
+from . import devtools, evaluation, final, patches, trackers
 from .patches import reads, seqpar, universal
 from .hold import Hold
 from .cadence import SaveClock
@@ -50,7 +50,7 @@ def main(spec_path: str) -> int:
         evaluation.at_the_end(trainer, spec, stop.requested or ended)
         _results(report, trainer, result, stop)
         if spec.mode == "train" and not stop.requested and not ended:
-            trainer.save_model(spec.final_dir)  # ZeRO-3 gathers the 16-bit weights for this
+            final.save(trainer, spec.final_dir, _progress(trainer).saved_step)  # the end's checkpoint's files
         if (writer := patches.background.writer()) is not None:
             writer.wait()  # the retired checkpoints' removal, behind the final model: done before the rank exits
     except Exception as e:  # every failure is reported to the controller, then re-raised
@@ -63,6 +63,10 @@ def main(spec_path: str) -> int:
         raise
     report.status = "stopped" if stop.requested else "ended" if ended else "done"
     return _finish(spec, report, on_gpu, 0)
+
+
+def _progress(trainer) -> ProgressCallback:
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback))
 
 
 def _written_before_failing() -> None:
