@@ -121,7 +121,10 @@ def account(out: Path, launched: float, exited: float) -> dict:
 def _final_and_end(out: Path, rank0: dict, saves: list[dict], exited: float) -> tuple[float, float]:
     """(final model, end): from the last step's save to the final model's newest file, and from there to the exit.
     Not clipped at zero: a negative figure would say that some time was counted twice."""
+    # the folder's own time too: where final/ is hard links to the last checkpoint's files (sft/ranks/final.py), their
+    # times are the checkpoint's, and the folder's is when the last link was made
     files = [p.stat().st_mtime for p in (out / "final").rglob("*") if p.is_file()]
+    files += [(out / "final").stat().st_mtime] if files else []
     steps, began_wall = rank0.get("steps") or [], rank0.get("train_began_wall")
     if not files or not steps or began_wall is None:
         return 0.0, 0.0

@@ -143,7 +143,9 @@ def test_bench_epoch_prints_the_phase_table_of_the_run(by_time):
     assert 0 < run["goodput"] < 1 and run["exit"] == 0 and run["saves"] == len(saves(out))
     rows = run["rows"]
     assert rows["steps"] > STEPS * STEP_SECONDS * 0.9  # the slowed steps are inside the steps
-    assert rows["blocked by saves"] > 0 and rows["final model"] > 0 and rows["end"] > 0
+    assert rows["blocked by saves"] > 0 and rows["end"] > 0
+    # final/ is links to the last checkpoint's files (sft/ranks/final.py): a few ms, never before the last save's end
+    assert rows["final model"] >= 0
     assert rows["other"] >= 0  # nothing counted twice: the rows never add up to more than the wall
     assert run["tokens_per_second_wall"] > 0 and "mfu" not in run  # no known peak on CPU
 
