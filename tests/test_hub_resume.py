@@ -97,12 +97,13 @@ def test_small_git_file_differing_from_manifest_is_caught_after_the_download(tar
     lines = []
     got = hub_resume.resume_from_hub(target.api, REPO, tmp_path / "fresh", log=lines.append)
     assert got.name == "checkpoint-4"
-    assert any("checkpoint-6" in line and "torn" in line and "latest: sha256 differs from the manifest" in line
+    assert any("checkpoint-6" in line and "torn" in line and "latest: its sha256 differs from the manifest" in line
                for line in lines)
 
 
 def test_bytes_the_hub_serves_unlike_its_own_record_are_caught(target, on_hub, hub_server, tmp_path):
-    """verify_repo_checksums: bytes served that do not match the Hub's sha256 (storage gone bad) never land."""
+    """Bytes served that do not match the Hub's sha256 (storage gone bad) never land: each file is hashed against the
+    manifest, whose sha256 is the Hub's record."""
     rel = "global_step6/zero_pp_rank_0_mp_rank_00_optim_states.pt"
     blob = hub_server.store.blob_path(build_manifest(on_hub / "checkpoint-6")[0]["files"][rel]["sha256"])
     data = blob.read_bytes()
