@@ -109,8 +109,9 @@ def test_the_final_model_is_the_end_checkpoints_model_files_linked_not_written_a
     Before, save_model wrote the weights a second time while the GPU waited."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = runs[stage][1]
+    result, out = runs[stage]
     final, last = out / "final", out / "checkpoint-64"
+    assert "final model: " in result.stdout and "the model files of checkpoint-64 (hard links" in result.stdout
     for path in final.iterdir():
         assert path.stat().st_ino == (last / path.name).stat().st_ino, path.name
     AutoModelForCausalLM.from_pretrained(final).save_pretrained(tmp_path)

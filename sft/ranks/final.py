@@ -27,16 +27,15 @@ TRAINING_STATE_SUFFIXES = (".pt", ".pth")
 DEEPSPEED_SCRIPTS = "zero_to_"  # zero_to_fp32.py, zero_to_torch.py (DeepSpeed's engine copies them in)
 
 
-def save(trainer, final_dir: str, saved_step: int | None) -> str:
-    """final/ for the model `trainer` ended with; every rank calls it (save_model gathers ZeRO-3's weights). Says how:
-    "linked" or "written"."""
+def save(trainer, final_dir: str, saved_step: int | None) -> None:
+    """final/ for the model `trainer` ended with; every rank calls it (save_model gathers ZeRO-3's weights)."""
     checkpoint = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
     if saved_step != trainer.state.global_step or not _weights_in_checkpoints(trainer):
         trainer.save_model(final_dir)
-        return "written"
-    if trainer.args.should_save:
+    elif trainer.args.should_save:
         link_model(checkpoint, Path(final_dir))
-    return "linked"
+        print(f"[rank 0] final model: {final_dir}, the model files of {checkpoint.name} (hard links: not written twice)",
+              flush=True)
 
 
 def model_files(checkpoint: Path) -> list[Path]:
