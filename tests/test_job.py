@@ -119,6 +119,26 @@ def test_the_final_model_is_the_end_checkpoints_model_files_linked_not_written_a
     assert sorted(p.name for p in final.iterdir()) == sorted([p.name for p in tmp_path.iterdir()] + ["training_args.bin"])
 
 
+def test_with_the_best_checkpoint_loaded_at_the_end_final_is_that_checkpoints_weights(tmp_path):
+    """load_best_model_at_end (SFT_TRAINER_ARGS): the Trainer loads the best checkpoint at the end, so final/ is
+    save_model's of those weights, not links to the last checkpoint's files. The best by the highest eval loss is the
+    first checkpoint: the loss goes down."""
+    from safetensors.torch import load_file
+
+    best = dict(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=True)
+    env = demo_env(tmp_path, **{**JOB, "probe_steps": 0, "save_steps": 10, "max_steps": 20, "eval_fraction": 0.1,
+                                "trainer_args": json.dumps(best)})
+    result = run_entrypoint(env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = tmp_path / "out"
+    assert "hard links" not in result.stdout
+    final = load_file(out / "final" / "model.safetensors")
+    first, last = (load_file(out / f"checkpoint-{step}" / "model.safetensors") for step in (10, 20))
+    for name, tensor in final.items():
+        torch.testing.assert_close(tensor, first[name], rtol=0, atol=0)
+    assert any(not torch.equal(tensor, last[name]) for name, tensor in final.items())
+
+
 @pytest.mark.parametrize("stage", ["1", "2"])
 def test_a_checkpoints_weights_are_deepspeeds_and_written_as_save_pretrained_writes_them(runs, stage, tmp_path):
     """ZeRO-1/2's weights reach a checkpoint without a copy to the host first (ranks/patches/checkpoints.py): the

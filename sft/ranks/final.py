@@ -5,8 +5,9 @@ tokenizer, training_args.bin). The checkpoint saved at the same last step holds 
 save_model (Trainer._save_checkpoint calls it first), and it is whole by now (ProgressCallback.on_train_end waits for
 its background write). A hard link of each gives the same folder without writing the weights a second time while the
 GPU waits: 3.4 GB for Qwen3-1.7B, 16 GB for Qwen3-8B, and no second copy on the disk. Where no checkpoint was saved
-at the last step, or its save held no weights (ZeRO-3 without stage3_gather_16bit_weights_on_model_save), save_model
-writes final/ as before.
+at the last step, where the Trainer loaded the best checkpoint at the end (load_best_model_at_end, through
+SFT_TRAINER_ARGS), or where a save held no weights (ZeRO-3 without stage3_gather_16bit_weights_on_model_save),
+save_model writes final/ as before.
 
 Why by hand: neither the Trainer nor transformers makes a model folder out of a checkpoint's files.
 """
@@ -30,7 +31,8 @@ DEEPSPEED_SCRIPTS = "zero_to_"  # zero_to_fp32.py, zero_to_torch.py (DeepSpeed's
 def save(trainer, final_dir: str, saved_step: int | None) -> None:
     """final/ for the model `trainer` ended with; every rank calls it (save_model gathers ZeRO-3's weights)."""
     checkpoint = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
-    if saved_step != trainer.state.global_step or not _weights_in_checkpoints(trainer):
+    if (saved_step != trainer.state.global_step or trainer.args.load_best_model_at_end
+            or not _weights_in_checkpoints(trainer)):  # the best checkpoint's weights, loaded at the end, are the model
         trainer.save_model(final_dir)
     elif trainer.args.should_save:
         link_model(checkpoint, Path(final_dir))
