@@ -98,7 +98,8 @@ class Settings:
                               "one GPU, ZeRO-1 or 2: ZeRO-3 shards nothing there), 8-bit where none does, before "
                               "offloading the optimizer to the CPU (slower); the decision says which. With SFT_ZERO_STAGE=2, adamw-8bit runs option 2-8bit.",
                               choices=stages.OPTIMIZERS)
-    ds_config: str | None = _setting(None, "A DeepSpeed JSON of your own; wins over SFT_ZERO_STAGE.")
+    ds_config: str | None = _setting(None, "A DeepSpeed JSON of your own; wins over SFT_ZERO_STAGE. At ZeRO-3 it must set "
+                                      "stage3_gather_16bit_weights_on_model_save to true (the final model's weights).")
     probe_steps: int = _setting(50, "Optimizer steps of the timing probe before training; 0 skips it. On one node, "
                                 "with no checkpoint among them, they are the training's first steps: its launch goes "
                                 "on as the training unless their figures change the decision.", min=0)
