@@ -86,9 +86,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
     psutil.wait_procs(family, timeout=60)
 
 
-def resumed_start(name: str, settings: dict[str, str], out: Path, hub_url: str, work: Path, stopped_at: int,
+def resumed_start(name: str, log: Path, settings: dict[str, str], out: Path, hub_url: str, stopped_at: int,
                   timeout: float) -> dict:
-    log = work / f"{name}.log"
     proc, launched = start(settings, out, hub_url, log)
     try:
         first = wait_for_step(proc, out, stopped_at, log, timeout)
@@ -124,14 +123,16 @@ def main(overrides: tuple[str, ...], stop_at: int, timeout: float, json_out: Pat
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout)
         stopped = step_now(out)
-        if code != 143 or stopped is None:
-            raise SystemExit(f"the first run ended with {code}, not 143 (stopped): {log}")
+        if code != 143 or stopped is None:  # 0: it ended before the stop came (rank 0 records its step every 2 s)
+            raise SystemExit(f"the first run ended with {code}, not 143 (stopped): {log}; where it ended first, a "
+                             "longer run (SFT_MAX_STEPS, more data) or SFTTEST_STEP_SECONDS=0.1 (slower steps) helps")
         rows = [{"name": "first start (the probe's launch)", "launch_to_first_step": None,
                  "launch_to_step": round(first - launched, 2), "stopped_at": stopped[0], "log": str(log)}]
         # 2. the same disk; 3. an empty disk: the checkpoint comes from the Hub
-        rows.append(resumed_start("resume from this disk", settings, out, hub.url, work, stopped[0], timeout))
-        rows.append(resumed_start("resume from the Hub", settings, work / "out-empty", hub.url, work, stopped[0],
-                                  timeout))
+        rows.append(resumed_start("resume from this disk", work / "resume-disk.log", settings, out, hub.url,
+                                  stopped[0], timeout))
+        rows.append(resumed_start("resume from the Hub", work / "resume-hub.log", settings, work / "out-empty",
+                                  hub.url, stopped[0], timeout))
     finally:
         hub.stop()
     for row in rows:
