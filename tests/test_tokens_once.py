@@ -186,3 +186,29 @@ def test_a_disk_too_small_for_the_tokens_stops_naming_their_size_and_keeps_no_pa
         assert f"error: cannot write in {out} (No space left on device: the tokenised rows take 0.3 MB" in result.stdout
         assert "Traceback" not in result.stdout + result.stderr
         assert sorted(p.name for p in (out / "run").iterdir()) == ["heartbeat", "job.lock", "settings.json"]
+
+
+def test_a_killed_processs_staging_folder_goes_at_the_next_start_a_running_ones_stays(tmp_path):
+    """The data step's private folder (cache.staging) is removed at exit; kill -9 runs no exit handler, and a
+    restarted container keeps its /tmp. The next start removes a folder whose lock nobody holds, never a running
+    process's, nor one without a lock file (an older version's)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    made = "from sft.data import cache; import sys, time; print(cache.staging(), flush=True); time.sleep(600)"
+    running, killed = (subprocess.Popen([sys.executable, "-c", made], env=env, stdout=subprocess.PIPE, text=True)
+                       for _ in range(2))
+    try:
+        folders = [Path(p.stdout.readline().strip()) for p in (running, killed)]
+        killed.kill()
+        killed.wait(30)
+        older = tmp_path / f"{cache.STAGING}older-version"  # no lock file: whose it is cannot be told
+        older.mkdir()
+        assert all(f.is_dir() for f in folders)
+        new = subprocess.run([sys.executable, "-c", "from sft.data import cache; print(cache.staging())"], env=env,
+                             capture_output=True, text=True, timeout=120, check=True)
+        assert folders[0].is_dir() and (folders[0] / cache.HELD).is_file()  # its process runs
+        assert not folders[1].exists()  # killed: removed
+        assert older.is_dir()
+        assert not Path(new.stdout.strip()).exists()  # that start ended normally: its own went at its exit
+    finally:
+        running.kill()
+        running.wait(30)

@@ -23,6 +23,7 @@ made again:
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import json
 import os
@@ -98,12 +99,38 @@ def lengths(tokens: Dataset) -> list[int]:
     return pc.list_value_length(table.column("input_ids")).to_pylist()
 
 
+STAGING = "sft-tokens-"  # TMPDIR/sft-tokens-XXXXXXXX: one process's tokens not yet kept
+HELD = ".held"  # in it: a file its process holds a flock(2) on while it runs (the kernel drops it however it dies)
+_held: list = []  # the open lock files: a lock lives as long as its descriptor
+
+
 def staging() -> Path:
     """A private folder for tokens not yet kept (the data step writes nothing in the output folder before its checks
-    pass and the folder's lock is held); removed when the process ends."""
-    folder = Path(tempfile.mkdtemp(prefix="sft-tokens-"))
+    pass and the folder's lock is held); removed when the process ends. One that a killed process left (kill -9 runs
+    no exit handler, and a restarted container keeps its /tmp) is removed by the next start: nothing holds its lock.
+    A lock, not a pid: a container's job has the same pid at every start."""
+    root = Path(tempfile.gettempdir())
+    for left in root.glob(f"{STAGING}*"):
+        _remove_if_left(left)
+    folder = Path(tempfile.mkdtemp(prefix=STAGING, dir=root))
+    taking = folder / f"{HELD}-taking"
+    holder = open(taking, "w")  # noqa: SIM115 - held open until the process ends
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    taking.rename(folder / HELD)  # seen by others only once held
+    _held.append(holder)
     atexit.register(shutil.rmtree, folder, True)
     return folder
+
+
+def _remove_if_left(folder: Path) -> None:
+    """`folder` removed where no process holds its lock; kept where one does, or where it has no lock file (one
+    being made, or an older version's: whose it is cannot be told)."""
+    try:
+        with open(folder / HELD) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held (BlockingIOError), no lock file, or not ours to read
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _local_files(sources: list[DataSource]) -> list[Path]:
