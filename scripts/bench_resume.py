@@ -28,12 +28,12 @@ from pathlib import Path
 import click
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+from bench_epoch import DEMO, REPO  # scripts/bench_epoch.py: the same demo settings
+
 sys.path.insert(0, str(REPO / "tests"))
+from conftest import process_tree, send_signal  # noqa: E402  (the tests' kill of a job's whole tree)
 from hub_fixtures import WRITE_TOKEN, client_env, start_hub_process  # noqa: E402  (the project's test Hub)
 
-DEMO = dict(model=str(REPO / "demo" / "tiny-qwen3"), dataset=str(REPO / "demo" / "chat.jsonl"), max_length="128",
-            micro_batch="1", grad_accum="1", probe_steps="10", learning_rate="2e-3")
 REPO_ID = "alice/bench-resume"
 DOWNLOADED = re.compile(r"resume: (checkpoint-\d+) downloaded from \S+ and verified \((.+?) in ([\d.]+) s, ([\d.]+) "
                         r"MB/s\)")
@@ -73,15 +73,8 @@ def wait_for_step(proc: subprocess.Popen, out: Path, above: int, log: Path, time
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """kill -9 the job and every process under it (the ranks run in a session of their own)."""
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    family = process_tree(proc.pid)
+    send_signal(family, signal.SIGKILL)
     proc.wait(60)
     psutil.wait_procs(family, timeout=60)
 

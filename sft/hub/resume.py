@@ -89,10 +89,11 @@ def download_and_check(api, repo_id: str, revision: str, work: Path, prefix: str
         digest, size = hash_file(path)
         if size != entry["size"]:
             return f"{rel} has {size} bytes after the download, the manifest says {entry['size']}"
-        if digest != entry["sha256"]:  # an LFS file's sha256 on the Hub is the manifest's; a git file has none there
-            record = " the Hub's record and" if on_hub[f"{prefix}/{rel}"].lfs is not None else ""
-            return f"{rel}: its sha256 differs from{record} the manifest"
-        return None
+        if digest == entry["sha256"]:
+            return None
+        if on_hub[f"{prefix}/{rel}"].lfs is not None:  # its sha256 on the Hub is the manifest's
+            return f"{rel}: its sha256 differs from the Hub's record"
+        return f"{rel}: sha256 differs from the manifest"  # a small file kept in git: the Hub records no sha256
 
     largest_first = sorted(manifest["files"], key=lambda rel: -manifest["files"][rel]["size"])  # the longest starts first
     with ThreadPoolExecutor(DOWNLOAD_WORKERS) as pool:

@@ -5,9 +5,10 @@ tokenizer, training_args.bin). The checkpoint saved at the same last step holds 
 save_model (Trainer._save_checkpoint calls it first), and it is whole by now (ProgressCallback.on_train_end waits for
 its background write). A hard link of each gives the same folder without writing the weights a second time while the
 GPU waits: 3.4 GB for Qwen3-1.7B, 16 GB for Qwen3-8B, and no second copy on the disk. Where no checkpoint was saved
-at the last step, where the Trainer loaded the best checkpoint at the end (load_best_model_at_end, through
-SFT_TRAINER_ARGS), or where a save held no weights (ZeRO-3 without stage3_gather_16bit_weights_on_model_save),
-save_model writes final/ as before.
+at the last step, or where the Trainer loaded the best checkpoint at the end (load_best_model_at_end, through
+SFT_TRAINER_ARGS), save_model writes final/ as before. Every checkpoint holds the weights: at ZeRO-3 DeepSpeed gathers
+them for save_model (stage3_gather_16bit_weights_on_model_save, in every shipped config; a user's file without it is
+refused before any rank starts, controller/dsfile.py).
 
 Why by hand: neither the Trainer nor transformers makes a model folder out of a checkpoint's files.
 """
@@ -18,7 +19,6 @@ import os
 import shutil
 from pathlib import Path
 
-from ..checkpoints import CHECKPOINT
 from ..handoff import CheckpointRecord
 
 # A checkpoint's files that are training state, not the model: DeepSpeed's (its `latest`, its recovery scripts, its
@@ -31,9 +31,8 @@ DEEPSPEED_SCRIPTS = "zero_to_"  # zero_to_fp32.py, zero_to_torch.py (DeepSpeed's
 def save(trainer, final_dir: str, saved_step: int | None) -> None:
     """final/ for the model `trainer` ended with; every rank calls it (save_model gathers ZeRO-3's weights)."""
     checkpoint = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
-    if (saved_step != trainer.state.global_step or trainer.args.load_best_model_at_end
-            or not _weights_in_checkpoints(trainer)):  # the best checkpoint's weights, loaded at the end, are the model
-        trainer.save_model(final_dir)
+    if saved_step != trainer.state.global_step or trainer.args.load_best_model_at_end:  # the best one's weights, loaded
+        trainer.save_model(final_dir)  # at the end, are the model
     elif trainer.args.should_save:
         link_model(checkpoint, Path(final_dir))
         print(f"[rank 0] final model: {final_dir}, the model files of {checkpoint.name} (hard links: not written twice)",
@@ -50,7 +49,7 @@ def model_files(checkpoint: Path) -> list[Path]:
 def link_model(checkpoint: Path, final_dir: Path) -> None:
     """final/ as hard links of the checkpoint's model files; a copy where the two are on different disks. Made beside
     its place and renamed into it, so a final/ (which a second start takes for a finished run) is never half made."""
-    if not CHECKPOINT.match(checkpoint.name) or not (checkpoint / "config.json").is_file():
+    if not (checkpoint / "config.json").is_file():
         raise FileNotFoundError(f"{checkpoint} holds no saved model (config.json) to make {final_dir} from")
     building = final_dir.with_name(f".{final_dir.name}-linking")
     shutil.rmtree(building, ignore_errors=True)
@@ -63,11 +62,3 @@ def link_model(checkpoint: Path, final_dir: Path) -> None:
     shutil.rmtree(final_dir, ignore_errors=True)
     building.rename(final_dir)
 
-
-def _weights_in_checkpoints(trainer) -> bool:
-    """Each checkpoint's save_model wrote the 16-bit weights: always below ZeRO-3; at ZeRO-3 where DeepSpeed gathers
-    them for it (the Trainer otherwise writes a DeepSpeed checkpoint in their place)."""
-    engine = getattr(trainer, "model_wrapped", None)
-    if engine is None or not hasattr(engine, "zero_optimization_stage"):
-        return False
-    return engine.zero_optimization_stage() < 3 or bool(engine.zero_gather_16bit_weights_on_model_save())
