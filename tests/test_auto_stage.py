@@ -67,6 +67,6 @@ def test_doctor_reports_every_check(tmp_path):
     env["SFT_OUTPUT_DIR"] = str(tmp_path / "out")
     result = run_entrypoint(env, "doctor")
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    for name in ("driver", "gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology",
+    for name in ("driver", "gpus", "nvcc", "cpu_adam", "build_locks", "memlock", "shm", "host_memory", "disk", "topology",
                  "allreduce"):
         assert f"] {name}" in result.stdout

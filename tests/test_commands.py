@@ -128,7 +128,7 @@ def test_doctor_with_no_settings(no_settings):
     one_clear_line(result)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert "the run's needs are unknown (no ZeRO option fits" in result.stdout
-    for name in ("driver", "gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology",
+    for name in ("driver", "gpus", "nvcc", "cpu_adam", "build_locks", "memlock", "shm", "host_memory", "disk", "topology",
                  "allreduce"):
         assert f"] {name}" in result.stdout
 

@@ -522,7 +522,8 @@ def killed(hub, tmp_path_factory, cadence):
     repo = "alice/killed"
     tmp = tmp_path_factory.mktemp("killed")
     log = tmp / "job.log"
-    proc = start_job(job_env(hub, tmp, repo), log)
+    # steps slowed as the cadence run's: on a fast machine the 128 steps could end before the kill lands mid-run
+    proc = start_job({**job_env(hub, tmp, repo), "SFTTEST_STEP_SECONDS": str(CADENCE_STEP_S)}, log)
     try:
         wait_until(lambda: complete_steps(head_files(hub, repo)), proc, log, "the first checkpoint on the Hub")
         # The uploader is idle now for an interval. Its next checkpoint: the preupload of its files passes,

@@ -264,7 +264,7 @@ def test_preflight_of_this_machine_for_a_run_that_offloads(tmp_path):
     needs = pf.Needs(gpus=None, offload=True, host_bytes=GIB, total_params=1_000_000, save_total_limit=2)
     checks = pf.run(facts, needs)
     names = [c.name for c in checks]
-    assert names == ["driver", "gpus", "nvcc", "cpu_adam", "memlock", "shm", "host_memory", "disk", "topology",
+    assert names == ["driver", "gpus", "nvcc", "cpu_adam", "build_locks", "memlock", "shm", "host_memory", "disk", "topology",
                      "allreduce"]
     assert all(c.status in ("ok", "info", "warn", "fail") for c in checks)
     assert not pf.failed(checks)
@@ -273,7 +273,7 @@ def test_preflight_of_this_machine_for_a_run_that_offloads(tmp_path):
     assert "needs 0.0 GB for 3 checkpoints" in by_name["disk"].message
     text = pf.format_checks(checks)
     assert len(text.splitlines()) == len(checks)
-    assert text.splitlines()[7].startswith("[ok  ] disk         ")
+    assert text.splitlines()[8].startswith("[ok  ] disk         ")
 
 
 def test_the_import_check_runs_in_a_child_beside_the_job_and_reports_why_it_failed(tmp_path, monkeypatch):

@@ -28,8 +28,8 @@ from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
 from ..settings import Settings, refusal
-from . import (budget, coordinate, data, heartbeat, machine, outlock, preflight, probe, reshard, summary, timekeeper,
-               tokens, training, uploads)
+from . import (budget, buildlocks, coordinate, data, heartbeat, machine, outlock, preflight, probe, reshard, summary,
+               timekeeper, tokens, training, uploads)
 from .launch import Stopper
 from .output import Paths
 from .prepare import prepare
@@ -213,6 +213,8 @@ def preflight_of(job: Runner, facts: machine.Facts, given, probe_only: bool, par
     if preflight.failed(checks):
         say("error: preflight found problems that make this run impossible (above)")
         return exitcodes.PREFLIGHT
+    for lock in buildlocks.remove(facts.build_locks):  # before the ranks load an op: each would wait on it forever
+        say(f"removed {lock}: a torch extension build lock that a killed build left")
     return None
 
 

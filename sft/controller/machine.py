@@ -24,6 +24,7 @@ from ..planner.inputs import GPU, Machine, Ranks
 from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
 from ..settings.checks import flash_attention_4_installed, liger_available
 from ..version import version
+from . import buildlocks
 
 ALLREDUCE_BYTES = 256 * 2**20
 
@@ -40,6 +41,7 @@ class Facts:
     driver_gpus: tuple[str, ...] = ()  # the GPUs nvidia-smi lists then
     version: str = ""  # the image's (sft/version.py): a release's names its tags
     cpu_adam: tuple[bool, bool, bool] = (True, False, False)  # compatible, prebuilt, built before
+    build_locks: tuple[str, ...] = ()  # torch extension build locks a killed build left (buildlocks.py)
     shm_bytes: int = 0
     free_disk_bytes: int = 0
     topology: str | None = None  # `nvidia-smi topo -m`, with several GPUs
@@ -64,7 +66,7 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
                       nodes=nodes)
     cuda, driver, driver_gpus = driver_facts(found)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=cuda, driver=driver, driver_gpus=driver_gpus,
-                 version=version(), cpu_adam=cpu_adam_facts(), shm_bytes=shm_size(),
+                 version=version(), cpu_adam=cpu_adam_facts(), build_locks=buildlocks.stale(), shm_bytes=shm_size(),
                  free_disk_bytes=free_disk(output_dir),
                  import_check=(early or early_import_check(attention)) if could_run else None)
 

@@ -167,6 +167,16 @@ def check_cpu_adam(compatible: bool, prebuilt: bool, cached: bool, offload: bool
                  "CPU Adam compatible, not built: an offload run builds it on first use (about a minute)")
 
 
+def check_build_locks(found: Sequence[str]) -> Check:
+    """A build lock that a killed process left makes every later load of that DeepSpeed op wait forever, after the
+    ranks start, silent (buildlocks.py); the job removes it first."""
+    if not found:
+        return Check("build_locks", OK, "no torch extension build lock left behind by a killed build")
+    return Check("build_locks", INFO, f"{len(found)} torch extension build lock(s) left by a killed build, held by "
+                 f"no process: {', '.join(found)}; torch would wait on them forever (pytorch/pytorch#189245): a job "
+                 "removes them before its ranks start", {"locks": list(found)})
+
+
 # --- Host limits and memory
 
 
@@ -289,6 +299,7 @@ def run(facts: Facts, needs: Needs) -> list[Check]:
         check_gpus(gpus, needs.gpus),
         check_nvcc(facts.nvcc, facts.torch_cuda, needs.offload, has_gpu=n > 0),
         check_cpu_adam(*facts.cpu_adam, offload=needs.offload),
+        check_build_locks(facts.build_locks),
         check_memlock(m.memlock_bytes, needs.offload, needs.host_bytes),
         check_shm(facts.shm_bytes, n),
         check_host_memory(m.host_memory_bytes or 0, needs.host_bytes, needs.offload),
