@@ -537,3 +537,20 @@ def test_uploads_go_to_the_branch_sft_hub_revision_names(hub_server, out, tmp_pa
     from sft.hub.resume import final_on_hub
 
     assert final_on_hub(again.api, REPO, "run-2") and not final_on_hub(again.api, REPO)
+
+
+def test_at_the_end_the_final_model_goes_up_not_the_checkpoint_saved_since_the_last_round(hub_server, make_uploader,
+                                                                                          out):
+    """final/ is the end checkpoint's model files; its optimizer state only resumes a run, which a finished one is
+    not: finish() sends final/ and the reports, and the exit is not held for the newest checkpoint's upload."""
+    u = make_uploader(interval=60)
+    make_checkpoint(out, 2)
+    assert u.flush(20)
+    make_checkpoint(out, 4)  # saved at the end, after the uploader's last round
+    (out / "final").mkdir()
+    (out / "final" / "config.json").write_text('{"model_type": "qwen3"}')
+    (out / "run" / "summary.json").write_text(json.dumps({"settings": {"hub_repo": REPO}, "status": "done"}))
+    assert u.finish(out / "final", out / "run") == []
+    files = set(hub_files(hub_server))
+    assert {f"checkpoints/checkpoint-2/{MANIFEST}", MANIFEST, "config.json", "README.md"} <= files
+    assert not any(f.startswith("checkpoints/checkpoint-4/") for f in files)

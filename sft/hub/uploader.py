@@ -291,11 +291,11 @@ class Uploader:
     # -- the end of the run ----------------------------------------------------------------------
 
     def finish(self, final_dir: Path, run_dir: Path, summary: dict[str, Any] | None = None,
-               timeout_s: float = 3600.0, last_checkpoint: bool = False) -> list[str]:
-        """final/ (manifest last), the run's reports and a model card; returns what did not reach the Hub."""
+               timeout_s: float = 3600.0) -> list[str]:
+        """final/ (manifest last), the run's reports and a model card; returns what did not reach the Hub. Not the
+        newest checkpoint: final/ is its model files, and its training state only resumes a run, which a finished
+        one is not (its upload would keep the job from exiting for the optimizer state's size)."""
         deadline = time.monotonic() + timeout_s
-        if last_checkpoint:
-            self.flush(timeout_s / 2)
         self.stop(max(0.0, deadline - time.monotonic()))
         if not self._upload_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return ["final/ (an earlier upload was still running)", "run reports and model card"]
