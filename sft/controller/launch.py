@@ -23,6 +23,7 @@ from ..lifeline import die_with_parent
 from ..nodes import Nodes, free_port
 from ..planner.inputs import Ranks
 from ..settings import Settings
+from .silence import Silence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RANK_PROGRAM = "sft.ranks.train"  # what the launcher starts on every rank
@@ -152,9 +153,11 @@ class Launch:
         self.standby = standby  # ranks started before the decision, which this launch takes over
         self.cmd = standby.cmd if standby else command(s, ranks, nodes, nodes.master_port or free_port(),
                                                        RANK_PROGRAM, str(spec_path))
+        self.nodes = nodes
         self.deadline: float | None = None
         self.proc: subprocess.Popen | None = None
         self.ahead: subprocess.Popen | None = None
+        self.silence: Silence | None = None  # node 0's training launch: a long silence of its ranks said
 
     def run(self) -> int:
         """Run to the end; return the launcher's exit code."""
@@ -166,9 +169,11 @@ class Launch:
         say("$ " + " ".join(self.cmd))  # the standby's command where it runs this launch
         if self.standby is not None:
             self.proc, self.ahead = self.standby.hand_over(self.spec_path, spec, env)
-            return
-        self.ahead = compile_ahead(spec, self.spec_path, env, self.ranks)
-        self.proc = spawn(self.cmd, env)
+        else:
+            self.ahead = compile_ahead(spec, self.spec_path, env, self.ranks)
+            self.proc = spawn(self.cmd, env)
+        if spec.mode == "train" and spec.run_dir and self.nodes.leads:  # rank 0 writes its progress there
+            self.silence = Silence(Path(spec.run_dir), self.proc.pid)
 
     def wait(self, seconds: float | None = None) -> int | None:
         """The launcher's exit code once it ends; None if it still runs after `seconds` (None: wait to the end).
@@ -182,6 +187,8 @@ class Launch:
                 return code
             except subprocess.TimeoutExpired:
                 self._enforce_deadline()
+                if self.silence is not None:
+                    self.silence.look()
                 if until is not None and time.monotonic() >= until:
                     return None
 
