@@ -100,8 +100,8 @@ def test_entries_parse_amounts_and_name_what_is_wrong(tmp_path):
     assert found == [
         head + f"{tmp_path / 'mixed'}: mixes json and parquet files; datasets reads one format per folder: keep one, "
         "or list the folders' files as separate sources",
-        head + f"{tmp_path / 'empty'}: a folder with no .jsonl, .json, .parquet, .csv file, and not one written by "
-        "datasets' save_to_disk",
+        head + f"{tmp_path / 'empty'}: a folder with no .jsonl, .json, .parquet, .csv file (the text ones may end "
+        "in .gz, .bz2, .xz), and not one written by datasets' save_to_disk",
         head + f"{tmp_path / 'nope.jsonl'}: no such file or folder",
         head + "bad name!: neither a local path nor a Hub name such as trl-lib/Capybara"]
 

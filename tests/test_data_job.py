@@ -5,7 +5,8 @@ Every shape TRL trains on, each from a local file and a folder in one mixture, e
 evaluation under every ZeRO stage (and offload):
 
     run       data (a mixture of a file and a folder)            loss        ZeRO              evaluation
-    messages  .jsonl (a third with a system turn) + .jsonl folder  assistant   3                 10% held out
+    messages  .jsonl (a third with a system turn) + folder of      assistant   3                 10% held out
+              .jsonl and .jsonl.gz
     conv_pc   .parquet + a .parquet folder x0.5                  completion  2 (unpacked)      SFT_EVAL_DATASET
     std_pc    .csv + a folder of train.csv and test.csv          auto        1                 the folder's test
     text      .json + a save_to_disk DatasetDict                 all         3-offload (unp.)  its test split
@@ -16,6 +17,7 @@ resolved to a commit) from the local Hub server (tests/hubserver/), whose model 
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -41,6 +43,9 @@ def local_runs(data: Path) -> dict[str, dict]:
     write(data / "chat.jsonl", rows("messages", 120))
     for i in range(2):
         write(data / "chat-folder" / f"part-{i}.jsonl", rows("messages", 40))
+    part = data / "chat-folder" / "part-1.jsonl"  # a folder may mix plain and compressed files of one format
+    part.with_name("part-1.jsonl.gz").write_bytes(gzip.compress(part.read_bytes()))
+    part.unlink()
     write(data / "pc.parquet", rows("conversational_pc", 80))
     write(data / "pc-folder" / "a.parquet", rows("conversational_pc", 60))
     write(data / "pc-eval.json", rows("conversational_pc", 12))

@@ -5,8 +5,11 @@ cases the issue met through it."""
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import gzip
 import json
+import lzma
 
 import pytest
 
@@ -18,7 +21,7 @@ from sft.data.tokens import Labeller, in_memory
 from sft.data.sources import DataPlan, build
 from sft.handoff import DataSource
 from sft.planner.inputs import Ranks
-from sft.settings import Settings
+from sft.settings import Settings, entries
 
 CP1252_FIX = "datasets reads UTF-8 only: save it as UTF-8 (e.g. iconv -f CP1252 -t UTF-8"
 
@@ -104,6 +107,53 @@ def test_a_utf8_mark_and_every_line_ending_read_as_they_are(tmp_path, form):
     (tmp_path / "chat.jsonl").write_bytes(data)
     found = read(tmp_path, dataset=str(tmp_path / "chat.jsonl"))
     assert len(found.train) == 12 and found.train[0]["messages"][0]["content"] == "Où est le café 0 ?"
+
+
+# --- compressed files (datasets decompresses .gz, .bz2 and .xz of the text formats itself)
+
+COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
+
+
+@pytest.mark.parametrize("name", ["chat.jsonl.gz", "chat.jsonl.bz2", "chat.jsonl.xz", "chat.json.gz"])
+def test_a_compressed_file_reads_as_the_same_rows(tmp_path, name):
+    text = jsonl(chats()) if ".jsonl" in name else json.dumps(chats())
+    path = tmp_path / name
+    path.write_bytes(COMPRESS[path.suffix](text.encode()))
+    found = read(tmp_path, dataset=str(path))
+    assert len(found.train) == 12 and found.train[5]["messages"][1]["content"] == "Ici, le café 5."
+
+
+def test_a_folder_of_plain_and_compressed_csv_reads_every_file(tmp_path):
+    folder = tmp_path / "qa"
+    write(folder / "a.csv", rows("standard_pc", 8))
+    write(tmp_path / "b.csv", rows("standard_pc", 6))
+    (folder / "b.csv.gz").write_bytes(gzip.compress((tmp_path / "b.csv").read_bytes()))
+    assert len(read(tmp_path, dataset=str(folder)).train) == 14
+
+
+def test_a_compressed_files_mistakes_are_named_as_a_plain_ones(tmp_path):
+    latin, bad, cut, fake = (tmp_path / n for n in ("latin.jsonl.gz", "bad.jsonl.xz", "cut.jsonl.gz", "fake.csv.gz"))
+    latin.write_bytes(gzip.compress(jsonl(chats()).encode("cp1252")))
+    bad.write_bytes(lzma.compress((jsonl(chats(3)) + "{not json\n").encode()))
+    cut.write_bytes(gzip.compress(jsonl(chats(40)).encode())[:60])
+    fake.write_bytes(b"prompt,completion\nq,a\n")  # named .gz, not compressed
+    (found,) = problems(tmp_path, dataset=str(latin))
+    assert found.startswith(f"SFT_DATASET: {latin}: decompressed, is not UTF-8 from line 1, byte 45 (0xF9)")
+    assert "gzip -dc latin.jsonl.gz | iconv -f CP1252 -t UTF-8 | gzip > utf8-latin.jsonl.gz" in found
+    assert problems(tmp_path, dataset=str(bad)) == [f"SFT_DATASET: {bad}, line 4: not JSON (Expecting property "
+                                                    "name enclosed in double quotes at column 2)"]
+    (found,) = problems(tmp_path, dataset=str(cut))
+    assert found.startswith(f"SFT_DATASET: {cut}: cannot be read (") and "ended before" in found
+    (found,) = problems(tmp_path, dataset=str(fake))
+    assert found.startswith(f"SFT_DATASET: {fake}: cannot be read (Not a gzipped file")
+
+
+def test_a_zstd_or_text_file_is_refused_with_the_formats_read(tmp_path):
+    for name in ("chat.jsonl.zst", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    found = entries.problems("SFT_DATASET", f"{tmp_path / 'chat.jsonl.zst'}, {tmp_path / 'notes.txt'}")
+    assert len(found) == 2 and all("expected a .jsonl, .json, .parquet, .csv file (the text ones may end in .gz, "
+                                   ".bz2, .xz)" in line for line in found)
 
 
 def test_the_real_job_refuses_a_latin1_file_with_exit_2(tmp_path):

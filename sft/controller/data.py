@@ -132,13 +132,13 @@ def _not_utf8(src: DataSource) -> list[str]:
     """What a local source's files must not be when datasets reads them (data/files.py: not UTF-8, a first row that
     crashes pyarrow): said here, once, before it reads them."""
     from ..data.files import before_reading
-    from ..settings.entries import DATA_SUFFIXES, Entry
+    from ..settings.entries import Entry, is_data_file
 
     kind, path = Entry(src.path).kind, Path(os.path.expanduser(src.path))
     if kind == "file":
         return before_reading([path])
     if kind == "folder":
-        return before_reading(sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()))
+        return before_reading(sorted(p for p in path.rglob("*") if is_data_file(p) and p.is_file()))
     return []
 
 

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..settings.entries import DATA_SUFFIXES, Entry
+from ..settings.entries import Entry, is_data_file
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -141,7 +141,7 @@ def _local_files(sources: list[DataSource]) -> list[Path]:
             found.append(path)
         elif kind in ("folder", "saved"):
             found += sorted(p for p in path.rglob("*") if p.is_file() and (
-                p.suffix in DATA_SUFFIXES if kind == "folder" else not p.name.startswith(DATASETS_OWN)))
+                is_data_file(p) if kind == "folder" else not p.name.startswith(DATASETS_OWN)))
     return found
 
 

@@ -7,9 +7,15 @@ never the file's name. This runs only after datasets failed, so a good file is p
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import gzip
 import json
+import lzma
 from pathlib import Path
+from typing import BinaryIO
+
+from ..settings.entries import data_suffix
 
 SHOWN = 3  # bad lines named per file; the rest are counted
 TEXT = (".jsonl", ".json", ".csv")  # read as text by datasets, as UTF-8 (Parquet holds its own types)
@@ -25,17 +31,26 @@ def before_reading(paths: list[Path]) -> list[str]:
     naming no file), and a JSON file whose first row is null (pyarrow's JSON reader (26.0) crashes the process on it:
     a segmentation fault, exit 139)."""
     found = []
-    for path in (p for p in paths if p.suffix in TEXT):
+    for path in (p for p in paths if data_suffix(p) in TEXT):
         why = encoding_problem(path)
-        if why is None and path.suffix in (".json", ".jsonl"):
+        if why is None and data_suffix(path) in (".json", ".jsonl"):
             why = _null_first(path)
         if why is not None:
             found.append(why)
     return found
 
 
+def open_rows(path: Path) -> BinaryIO:
+    """The file's bytes as datasets reads them: decompressed where its name ends in .gz, .bz2 or .xz."""
+    return DECOMPRESS.get(path.suffix, open)(path, "rb")
+
+
+DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+UNREADABLE = (OSError, EOFError, lzma.LZMAError)  # a missing file; a corrupt or truncated compressed one
+
+
 def _null_first(path: Path) -> str | None:
-    with open(path, "rb") as f:
+    with open_rows(path) as f:
         for number, line in enumerate(f, start=1):
             text = line.strip().lstrip(codecs.BOM_UTF8).strip()
             if text:
@@ -46,7 +61,7 @@ def _null_first(path: Path) -> str | None:
 
 def encoding_problem(path: Path) -> str | None:
     try:
-        with open(path, "rb") as f:
+        with open_rows(path) as f:
             head = f.read(4)
             for mark, name, codec in MARKS:
                 if head.startswith(mark):
@@ -56,8 +71,8 @@ def encoding_problem(path: Path) -> str | None:
                                  "letters)", "UTF-16")
             f.seek(0)
             return _first_bad_line(path, f)
-    except OSError as e:
-        return f"{path}: cannot be read ({e.strerror or e})"
+    except UNREADABLE as e:
+        return f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})"
 
 
 def _first_bad_line(path: Path, f) -> str | None:
@@ -100,6 +115,10 @@ def _guess(data: bytes) -> str:
 
 
 def _not_utf8(path: Path, what: str, codec: str) -> str:
+    if path.suffix in DECOMPRESS:  # the same, through the file's own compression
+        tool = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}[path.suffix]
+        return (f"{path}: decompressed, {what}; datasets reads UTF-8 only: save it as UTF-8 (e.g. {tool} -dc "
+                f"{path.name} | iconv -f {codec} -t UTF-8 | {tool} > utf8-{path.name})")
     return (f"{path}: {what}; datasets reads UTF-8 only: save it as UTF-8 (e.g. iconv -f {codec} -t UTF-8 "
             f"{path.name} > utf8-{path.name})")
 
@@ -108,15 +127,24 @@ def diagnose(paths: list[Path]) -> list[str]:
     """One line per problem found in these files (empty when they look readable)."""
     found: list[str] = []
     for path in paths:
-        # utf-8-sig: a UTF-8 byte-order mark, which datasets reads past, is no JSON problem of the file's
-        text = path.read_text(encoding="utf-8-sig", errors="replace") if path.suffix in (".json", ".jsonl") else None
+        try:
+            text = _text(path) if data_suffix(path) in (".json", ".jsonl") else None
+        except UNREADABLE as e:
+            found.append(f"{path}: cannot be read ({e})")
+            continue
         if path.stat().st_size == 0 or (text is not None and not text.strip()):
             found.append(f"{path}: empty file")
         elif text is not None:
             found += _json_problems(path, text)
         elif _rows_in(path) == 0:
-            found.append(f"{path}: no rows" + (" (a header line only)" if path.suffix == ".csv" else ""))
+            found.append(f"{path}: no rows" + (" (a header line only)" if data_suffix(path) == ".csv" else ""))
     return found
+
+
+def _text(path: Path) -> str:
+    # utf-8-sig: a UTF-8 byte-order mark, which datasets reads past, is no JSON problem of the file's
+    with open_rows(path) as f:
+        return f.read().decode("utf-8-sig", errors="replace")
 
 
 def _rows_in(path: Path) -> int | None:
@@ -126,16 +154,16 @@ def _rows_in(path: Path) -> int | None:
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(path).metadata.num_rows
-        if path.suffix == ".csv":
-            with open(path, "rb") as f:
-                return sum(1 for line in f if line.strip()) - 1  # the header
+        if data_suffix(path) == ".csv":
+            with open_rows(path) as f:
+                return max(sum(1 for line in f if line.strip()) - 1, 0)  # the header
     except Exception:  # noqa: BLE001 - not a Parquet file at all: datasets' own message names it
         return None
     return None
 
 
 def _json_problems(path: Path, text: str) -> list[str]:
-    if path.suffix == ".json":
+    if data_suffix(path) == ".json":
         try:
             return _document_problems(path, json.loads(text))
         except json.JSONDecodeError as e:

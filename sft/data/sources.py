@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..handoff import DataPlan, DataSource
 from . import files
 from .shapes import SHAREGPT, Shape
-from ..settings.entries import DATA_SUFFIXES, LOADERS, Entry
+from ..settings.entries import LOADERS, Entry, data_suffix, is_data_file
 from . import DataError
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def load(source: DataSource, var: str = "SFT_DATASET") -> Dataset:
             return datasets.load_dataset(source.path, source.config, split=source.split, revision=source.revision)
         path = Path(os.path.expanduser(source.path))
         if kind == "file":
-            return datasets.load_dataset(LOADERS[path.suffix], data_files=str(path), split=source.split)
+            return datasets.load_dataset(LOADERS[data_suffix(path)], data_files=str(path), split=source.split)
         if unread := _unread(path):
             raise DataError([f"{label}: datasets reads only its files named for splits (train, test, ...), and "
                              f"would leave out {len(unread)}: {', '.join(p.name for p in unread[:3])}"
@@ -105,7 +105,7 @@ def _unread(folder: Path) -> list[Path]:
     splits = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
     read = {Path(f).resolve() for files in splits.values() for f in files}
     hidden = (".", "__")  # datasets skips these files and folders too
-    return sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.resolve() not in read
+    return sorted(p for p in folder.rglob("*") if is_data_file(p) and p.resolve() not in read
                   and not any(part.startswith(hidden) for part in p.relative_to(folder).parts))
 
 
@@ -130,7 +130,7 @@ def _why(error: Exception, source: DataSource, kind: str, label: str, var: str) 
         return [f"{label}: no split {source.split!r}{one_file}: {text.splitlines()[0]}"]
     if kind in ("file", "folder"):
         path = Path(os.path.expanduser(source.path))
-        paths = [path] if kind == "file" else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+        paths = [path] if kind == "file" else sorted(p for p in path.rglob("*") if is_data_file(p))
         if found := files.diagnose(paths):
             return [f"{var}: {line}" for line in found]
     cause = f" ({str(error.__cause__).splitlines()[0]})" if error.__cause__ and str(error.__cause__) else ""

@@ -22,6 +22,24 @@ from .system import is_system
 # datasets' builder for each local file format
 LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 DATA_SUFFIXES = tuple(LOADERS)
+# The text formats compressed (rows.jsonl.gz): datasets decompresses them before its builder reads (its extract
+# step; zstd would need the zstandard package, which the image does not have). Parquet compresses inside.
+COMPRESSIONS = (".gz", ".bz2", ".xz")
+COMPRESSIBLE = (".jsonl", ".json", ".csv")
+FORMATS_SAID = f"{', '.join(DATA_SUFFIXES)} file (the text ones may end in {', '.join(COMPRESSIONS)})"
+
+
+def data_suffix(path: str | Path) -> str:
+    """The format's suffix of a data file: '.jsonl' for rows.jsonl and rows.jsonl.gz; '' for any other file."""
+    path = Path(path)
+    if path.suffix in COMPRESSIONS:
+        inner = Path(path.stem).suffix
+        return inner if inner in COMPRESSIBLE else ""
+    return path.suffix if path.suffix in DATA_SUFFIXES else ""
+
+
+def is_data_file(path: str | Path) -> bool:
+    return data_suffix(path) != ""
 # What datasets' save_to_disk writes: a Dataset (both files) or a DatasetDict.
 SAVED_DATASET = ("dataset_info.json", "state.json")
 SAVED_DICT = "dataset_dict.json"
@@ -94,9 +112,9 @@ def problems(var: str, value: str) -> list[str]:
                 found.append(head + not_a_name(e.path, "neither a local path nor a Hub name such as trl-lib/Capybara"))
         elif not os.path.exists(path):
             found.append(head + "no such file or folder")
-        elif e.kind == "file" and path.suffix not in DATA_SUFFIXES:
-            found.append(head + f"expected a {', '.join(DATA_SUFFIXES)} file, a folder of them, or a folder written "
-                         "by datasets' save_to_disk")
+        elif e.kind == "file" and not is_data_file(path):
+            found.append(head + f"expected a {FORMATS_SAID}, a folder of them, or a folder written by datasets' "
+                         "save_to_disk")
         elif e.kind == "folder":
             found += [head + p for p in _folder_problems(path)]
     return found
@@ -106,10 +124,10 @@ def _folder_problems(path: Path) -> list[str]:
     if is_system(path):  # not walked: the whole filesystem, and /proc's entries vanish as they are listed
         return [f"{os.path.realpath(path)} is a system folder, not a dataset's: give the folder of the data files"]
     # os.walk, not rglob: a folder that vanishes while listed is skipped, not raised
-    formats = {LOADERS[Path(name).suffix] for root, _, names in os.walk(path) for name in names
-               if Path(name).suffix in DATA_SUFFIXES and os.path.isfile(os.path.join(root, name))}
+    formats = {LOADERS[data_suffix(name)] for root, _, names in os.walk(path) for name in names
+               if is_data_file(name) and os.path.isfile(os.path.join(root, name))}
     if not formats:
-        return [f"a folder with no {', '.join(DATA_SUFFIXES)} file, and not one written by datasets' save_to_disk"]
+        return [f"a folder with no {FORMATS_SAID}, and not one written by datasets' save_to_disk"]
     if len(formats) > 1:  # datasets would read the most common format alone, silently dropping the others
         return [f"mixes {' and '.join(sorted(formats))} files; datasets reads one format per folder: keep one, or "
                 "list the folders' files as separate sources"]
