@@ -19,10 +19,14 @@ def conversations(n: int = 512) -> list[list[dict]]:
 
 
 def rows(shape: str, n: int = 512) -> list[dict]:
-    """n rows of one shape: messages, conversational_pc, standard_pc or text."""
+    """n rows of one shape: messages, conversational_pc, standard_pc, text, or alpaca (Alpaca's columns, read as
+    conversational_pc)."""
     out = []
     for chat in conversations(n):
-        if shape == "messages":
+        if shape == "alpaca":
+            question, answer = chat[-2]["content"], chat[-1]["content"]
+            out.append({"instruction": "Answer the question.", "input": question, "output": answer})
+        elif shape == "messages":
             out.append({"messages": chat})
         elif shape == "conversational_pc":
             out.append({"prompt": chat[:-1], "completion": chat[-1:]})

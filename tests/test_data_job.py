@@ -8,6 +8,7 @@ evaluation under every ZeRO stage (and offload):
     messages  .jsonl (a third with a system turn) + folder of      assistant   3                 10% held out
               .jsonl and .jsonl.gz
     conv_pc   .parquet + a .parquet folder x0.5                  completion  2 (unpacked)      SFT_EVAL_DATASET
+                                                                                                 (Alpaca's columns)
     std_pc    .csv + a folder of train.csv and test.csv          auto        1                 the folder's test
     text      .json + a save_to_disk DatasetDict                 all         3-offload (unp.)  its test split
 
@@ -48,7 +49,7 @@ def local_runs(data: Path) -> dict[str, dict]:
     part.unlink()
     write(data / "pc.parquet", rows("conversational_pc", 80))
     write(data / "pc-folder" / "a.parquet", rows("conversational_pc", 60))
-    write(data / "pc-eval.json", rows("conversational_pc", 12))
+    write(data / "pc-eval.json", rows("alpaca", 12))  # Alpaca's columns are conversational prompt/completion
     write(data / "qa.csv", rows("standard_pc", 80))
     write(data / "qa-folder" / "train.csv", rows("standard_pc", 60))
     write(data / "qa-folder" / "test.csv", rows("standard_pc", 10))

@@ -45,7 +45,7 @@ CONVERSATIONAL_PC = Shape("conversational prompt-completion", ("prompt", "comple
 STANDARD_PC = Shape("standard prompt-completion", ("prompt", "completion"), False, True)
 TEXT = Shape("standard language modeling", ("text",), False, False)
 ACCEPTED = ("a 'messages' column of conversations (lists of {role, content}); 'prompt' and 'completion' columns "
-            "(strings, or lists of messages); or a 'text' column")
+            "(strings, or lists of messages); a 'text' column; or Alpaca's 'instruction', 'input' and 'output'")
 
 
 def shape_of(dataset: Dataset) -> Shape | None:
