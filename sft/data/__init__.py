@@ -2,8 +2,10 @@
 train on it through the same code):
 
     sources.py  loading each source with `datasets`, drawing the mixture, holding out the evaluation rows
-    files.py    why a local file cannot be read: the empty file, the bad JSON line (datasets names neither)
+    files.py    why a local file cannot be read: the empty file, the bad JSON line (datasets names neither),
+                through its compression (.gz, .bz2, .xz)
     shapes.py   which of TRL's dataset shapes the rows have, by TRL's own rules
+    alpaca.py   Alpaca's instruction/input/output rows as TRL's conversational prompt/completion
     checks.py   every problem in the rows, one line each
     tokens.py   the rows tokenised and labelled as TRL's SFTTrainer does it, outside the Trainer
     longrows.py the rows longer than SFT_MAX_LENGTH, counted once (SFT_LONG_ROWS: truncate, drop, error)
