@@ -111,18 +111,26 @@ def test_a_model_folder_without_tokenizer_files_names_them(isolated_env, tmp_pat
     (problem,) = inputs.model_tokenizer(s)
     assert problem.startswith(f"SFT_MODEL={str(folder)!r}: no tokenizer in the folder (missing tokenizer.json, or "
                               "merges.txt and vocab.json (Qwen2Tokenizer))")
-    assert inputs.model_chat_template(s) == []  # one problem at a time: the tokenizer first
     assert inputs.model_tokenizer(Settings(model=str(DEMO_MODEL))) == []
     assert inputs.model_tokenizer(Settings(model="Qwen/Qwen3-8B")) == []  # a Hub name brings its own
 
 
-def test_a_model_folder_without_a_chat_template(isolated_env, tmp_path):
+def test_a_model_folder_without_a_chat_template_is_refused_for_conversations_only(isolated_env, tmp_path):
+    """A settings problem once, whatever the data: text rows need no template, and SFT_CHAT_TEMPLATE may bring one
+    (tests/test_other_models.py); the data step names it where the rows are conversations."""
+    from sft.controller import data as data_step
+    from sft.data import DataError
+    from sft.planner.inputs import Ranks
+
     folder = model_without(tmp_path, "chat_template.jinja")
-    s = Settings(model=str(folder))
-    assert inputs.model_tokenizer(s) == []
-    (problem,) = inputs.model_chat_template(s)
-    assert "no chat template (chat_template.jinja, or chat_template in tokenizer_config.json)" in problem
-    assert inputs.model_chat_template(Settings(model=str(DEMO_MODEL))) == []
+    s = Settings(model=str(folder), dataset=str(DEMO_DATA), output_dir=str(tmp_path / "out"), max_length=128,
+                 micro_batch=1)
+    assert inputs.problems(s, inputs.CONFIG) == []
+    with pytest.raises(DataError) as e:
+        data_step.read(s, Ranks(2, ()))
+    assert e.value.problems == [f"SFT_MODEL={str(folder)!r}: its tokenizer has no chat template, and the data is "
+                                "conversational language modeling: set SFT_CHAT_TEMPLATE to a .jinja file or a model "
+                                "to take the template from"]
 
 
 def test_sft_gpus_naming_gpus_that_are_not_there_is_a_problem_reported_with_the_others():

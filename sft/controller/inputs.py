@@ -78,7 +78,7 @@ def model_shape(model: str, revision: str | None = None, trust: bool = False) ->
         total_params=sum(p.numel() for _, p in named),
         largest_layer_params=max(p.numel() for _, p in named),
         hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
+        intermediate_size=_intermediate_size(text),
         num_layers=text.num_hidden_layers,
         num_heads=heads,
         num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
@@ -86,6 +86,15 @@ def model_shape(model: str, revision: str | None = None, trust: bool = False) ->
         vocab_size=text.vocab_size,
         qk_norm=any(n.endswith("q_norm.weight") for n, _ in named),
     )
+
+
+def _intermediate_size(text) -> int:
+    """The MLP's width: `intermediate_size` in most configs; GPT-2's and GPT-J's `n_inner` and OPT's `ffn_dim`
+    where they name it so (GPT-2's None, and configs without any, mean the classic 4 x hidden_size)."""
+    for name in ("intermediate_size", "n_inner", "ffn_dim"):
+        if isinstance(value := getattr(text, name, None), int):
+            return value
+    return 4 * text.hidden_size
 
 
 def problems(s: Settings, finders: Sequence[Finder]) -> list[str]:
@@ -170,17 +179,6 @@ def model_tokenizer(s: Settings) -> list[str]:
             f"{COPY_TOKENIZER}"]
 
 
-def model_chat_template(s: Settings) -> list[str]:
-    """Conversations are rendered with the model's chat template: a folder without one fails in every rank."""
-    folder = _local_folder(s.model)
-    if folder is None or model_code(s) or model_tokenizer(s):
-        return []
-    if _tokenizer(folder, s.trust_remote_code).chat_template:
-        return []
-    return [f"SFT_MODEL={s.model!r}: no chat template (chat_template.jinja, or chat_template in "
-            "tokenizer_config.json), which conversations are rendered with: copy it from the model it came from"]
-
-
 def hub_token(s: Settings) -> list[str]:
     """SFT_HUB_REPO needs a token on node 0 (the one that uploads)."""
     from .uploads import token
@@ -232,7 +230,9 @@ def trainer_args(s: Settings) -> list[str]:
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
 ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
-CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_tokenizer, model_chat_template)
+# A missing chat template is the data step's to find (controller/data.py): only conversations need one, and
+# SFT_CHAT_TEMPLATE may bring it.
+CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_tokenizer)
 JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
 
 
