@@ -30,7 +30,7 @@ def test_bad_data_is_refused_before_any_rank_starts_every_problem_at_once(tmp_pa
         f"  - SFT_DATASET: {tmp_path / 'empty.jsonl'}: empty file",
         f"  - SFT_DATASET: {columns}: no column TRL can train on (found columns: question, answer); expected a "
         "'messages' column of conversations (lists of {role, content}); 'prompt' and 'completion' columns "
-        "(strings, or lists of messages); or a 'text' column",
+        "(strings, or lists of messages); a 'text' column; or Alpaca's 'instruction', 'input' and 'output'",
         "  - SFT_LOSS_ON=completion needs prompt/completion data, and this data is conversational language "
         "modeling: use assistant (conversations) or all",
         f"  - SFT_DATASET: {bad}: 1 empty conversation(s) in 'messages' (row 10): remove them",
