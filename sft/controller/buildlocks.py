@@ -46,12 +46,14 @@ def stale(root: Path | None = None) -> tuple[str, ...]:
 
 
 def remove(found: tuple[str, ...]) -> list[str]:
-    """Of the locks `stale` found, those still there and still held by no one, removed; the ones removed."""
-    removed = []
-    for path in found:
-        if path in stale(Path(path).parent.parent):
-            Path(path).unlink(missing_ok=True)
-            removed.append(path)
+    """Of the locks `stale` found (all in one root), those still there and still held by no one, removed; the ones
+    removed."""
+    if not found:
+        return []
+    still = set(stale(Path(found[0]).parent.parent))  # one look at /proc for them all
+    removed = [path for path in found if path in still]
+    for path in removed:
+        Path(path).unlink(missing_ok=True)
     return removed
 
 

@@ -15,10 +15,9 @@ import lzma
 from pathlib import Path
 from typing import BinaryIO
 
-from ..settings.entries import data_suffix
+from ..settings.entries import TEXT_SUFFIXES, data_suffix
 
 SHOWN = 3  # bad lines named per file; the rest are counted
-TEXT = (".jsonl", ".json", ".csv")  # read as text by datasets, as UTF-8 (Parquet holds its own types)
 CHUNK = 1 << 20  # bytes read at a time: a file of any size is checked in constant memory
 # Byte-order marks of what datasets cannot read (UTF-8's own mark it reads), longest first: UTF-32's starts as UTF-16's
 MARKS = ((codecs.BOM_UTF32_LE, "UTF-32 LE", "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32 BE", "UTF-32"),
@@ -31,7 +30,7 @@ def before_reading(paths: list[Path]) -> list[str]:
     naming no file), and a JSON file whose first row is null (pyarrow's JSON reader (26.0) crashes the process on it:
     a segmentation fault, exit 139)."""
     found = []
-    for path in (p for p in paths if data_suffix(p) in TEXT):
+    for path in (p for p in paths if data_suffix(p) in TEXT_SUFFIXES):
         why = encoding_problem(path)
         if why is None and data_suffix(path) in (".json", ".jsonl"):
             why = _null_first(path)
@@ -42,10 +41,10 @@ def before_reading(paths: list[Path]) -> list[str]:
 
 def open_rows(path: Path) -> BinaryIO:
     """The file's bytes as datasets reads them: decompressed where its name ends in .gz, .bz2 or .xz."""
-    return DECOMPRESS.get(path.suffix, open)(path, "rb")
+    return COMPRESSED[path.suffix][0](path, "rb") if path.suffix in COMPRESSED else open(path, "rb")  # noqa: SIM115
 
 
-DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+COMPRESSED = {".gz": (gzip.open, "gzip"), ".bz2": (bz2.open, "bzip2"), ".xz": (lzma.open, "xz")}  # opener, tool
 UNREADABLE = (OSError, EOFError, lzma.LZMAError)  # a missing file; a corrupt or truncated compressed one
 
 
@@ -115,8 +114,8 @@ def _guess(data: bytes) -> str:
 
 
 def _not_utf8(path: Path, what: str, codec: str) -> str:
-    if path.suffix in DECOMPRESS:  # the same, through the file's own compression
-        tool = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}[path.suffix]
+    if path.suffix in COMPRESSED:  # the same, through the file's own compression
+        tool = COMPRESSED[path.suffix][1]
         return (f"{path}: decompressed, {what}; datasets reads UTF-8 only: save it as UTF-8 (e.g. {tool} -dc "
                 f"{path.name} | iconv -f {codec} -t UTF-8 | {tool} > utf8-{path.name})")
     return (f"{path}: {what}; datasets reads UTF-8 only: save it as UTF-8 (e.g. iconv -f {codec} -t UTF-8 "

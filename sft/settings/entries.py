@@ -25,7 +25,7 @@ DATA_SUFFIXES = tuple(LOADERS)
 # The text formats compressed (rows.jsonl.gz): datasets decompresses them before its builder reads (its extract
 # step; zstd would need the zstandard package, which the image does not have). Parquet compresses inside.
 COMPRESSIONS = (".gz", ".bz2", ".xz")
-COMPRESSIBLE = (".jsonl", ".json", ".csv")
+TEXT_SUFFIXES = (".jsonl", ".json", ".csv")  # the text formats: read as UTF-8 (data/files.py), may be compressed
 FORMATS_SAID = f"{', '.join(DATA_SUFFIXES)} file (the text ones may end in {', '.join(COMPRESSIONS)})"
 
 
@@ -34,12 +34,14 @@ def data_suffix(path: str | Path) -> str:
     path = Path(path)
     if path.suffix in COMPRESSIONS:
         inner = Path(path.stem).suffix
-        return inner if inner in COMPRESSIBLE else ""
+        return inner if inner in TEXT_SUFFIXES else ""
     return path.suffix if path.suffix in DATA_SUFFIXES else ""
 
 
 def is_data_file(path: str | Path) -> bool:
     return data_suffix(path) != ""
+
+
 # What datasets' save_to_disk writes: a Dataset (both files) or a DatasetDict.
 SAVED_DATASET = ("dataset_info.json", "state.json")
 SAVED_DICT = "dataset_dict.json"

@@ -67,9 +67,10 @@ class Settings:
                                        "runs; true: its code runs in the controller and every rank, trusted on "
                                        "purpose (said in the decision and the model card).")
     dataset: str = _setting("trl-lib/Capybara", "Training data: a Hub name, a local .jsonl/.json/.parquet/.csv "
-                            "file (the text ones also as .gz, .bz2 or .xz) or a folder of them, or a save_to_disk folder; several, comma-separated, make a "
-                            "mixture, each optionally ending in :ROWS (rows drawn from it) or :WEIGHT (with a decimal "
-                            "point: 0.5 takes half its rows). Shapes: see Bring your data.")
+                            "file (the text ones also as .gz, .bz2 or .xz) or a folder of them, or a save_to_disk "
+                            "folder; several, comma-separated, make a mixture, each optionally ending in :ROWS (rows "
+                            "drawn from it) or :WEIGHT (with a decimal point: 0.5 takes half its rows). Shapes: see "
+                            "Bring your data.")
     dataset_split: str = _setting("train", "Split to train on, local data too (a file is the split train; a folder's "
                                   "files named for splits are its splits); slices such as train[:1000] work.")
     dataset_config: str | None = _setting(None, "The Hub dataset's configuration (subset) name.")
