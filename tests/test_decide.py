@@ -382,6 +382,29 @@ def test_auto_attention_is_flash_attention_4_for_compiled_layers_up_to_the_rows_
     assert after is not None and not after.compile and after.attention == "flex_attention", (change, after.stage)
 
 
+def test_auto_attention_takes_the_next_kernel_the_models_class_runs_and_an_explicit_one_it_lacks_is_refused():
+    """transformers refuses, in every rank as it loads the model, a kernel the class's _supports_* flags lack (Gemma2
+    has no sdpa, GPT-2 no flex attention): auto takes the next one it runs, an explicit one is refused at once."""
+    no_flex = dataclasses.replace(Q4, attentions=("flash_attention_4", "sdpa", "eager"), model_class="GPT2LMHeadModel")
+    no_sdpa = dataclasses.replace(Q4, attentions=("flash_attention_4", "flex_attention", "eager"),
+                                  model_class="Gemma2ForCausalLM")
+    d = decided(shape=no_flex)  # flex on a GPU without flash-attn-4: the next is sdpa
+    assert d.attention == "sdpa"
+    assert d.reasons["attention"].startswith("sdpa, auto: GPT2LMHeadModel has no flex_attention in transformers "
+                                             "(first: flex_attention, auto on GPUs")
+    assert decided(shape=no_sdpa).attention == "flex_attention"  # it runs what auto prefers on a GPU
+    tiny_no_sdpa = dataclasses.replace(TINY, attentions=no_sdpa.attentions, model_class="Gemma2ForCausalLM")
+    on_cpu = decided(shape=tiny_no_sdpa, machine=CPU_HOST, max_length=64)
+    assert on_cpu.attention == "eager"  # flex has no fast CPU kernel: never a CPU fallback
+    assert "Gemma2ForCausalLM has no sdpa" in on_cpu.reasons["attention"]
+    with pytest.raises(CannotRun) as e:
+        decided(shape=no_flex, attention="flex_attention")
+    assert e.value.exit_code == exitcodes.BAD_SETTINGS
+    assert str(e.value) == ("SFT_ATTENTION='flex_attention': GPT2LMHeadModel (SFT_MODEL) has no flex_attention in "
+                            "transformers; it runs flash_attention_4, sdpa, eager: use one of those, or auto")
+    assert decided(shape=Q4, attention="flex_attention").attention == "flex_attention"  # a shape built by hand
+
+
 def test_the_tokens_per_step_stay_when_the_rows_grow_longer():
     assert split_of(decided(max_length=1024, batch_search="false")) == (8, 1, False)  # 8,192 tokens a step
     assert decided(max_length=2048).split.rows == 4

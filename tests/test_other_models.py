@@ -86,3 +86,100 @@ def test_the_job_trains_it_on_alpaca_rows_from_a_compressed_csv(gpt2, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")
     assert type(model).__name__ == "GPT2LMHeadModel"
     assert AutoTokenizer.from_pretrained(tmp_path / "out" / "final").chat_template == TEMPLATE.read_text()
+
+
+# --- what a model folder a user brings can lack: caught before the data is read or any rank starts
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory) -> Path:
+    """Gemma2's class runs no sdpa in transformers (its _supports_sdpa is False): transformers refuses it as the
+    model loads, in every rank; the demo's tokenizer, its vocabulary the model's."""
+    from transformers import AutoTokenizer, Gemma2Config, Gemma2ForCausalLM
+
+    folder = tmp_path_factory.mktemp("gemma2") / "model"
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    config = Gemma2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    Gemma2ForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_the_attention_kernels_are_the_model_classs_own(gemma2, gpt2, isolated_env):
+    from transformers import Gemma2ForCausalLM, GPT2LMHeadModel, Qwen3ForCausalLM
+
+    assert inputs.attentions_of(Gemma2ForCausalLM) == ("flash_attention_4", "flex_attention", "eager")
+    assert inputs.attentions_of(GPT2LMHeadModel) == ("flash_attention_4", "sdpa", "eager")
+    assert inputs.attentions_of(Qwen3ForCausalLM) == ("flash_attention_4", "flex_attention", "sdpa", "eager")
+    shape = inputs.model_shape(str(gemma2))
+    assert (shape.model_class, shape.attentions) == ("Gemma2ForCausalLM", inputs.attentions_of(Gemma2ForCausalLM))
+    assert inputs.model_shape(str(gpt2)).model_class == "GPT2LMHeadModel"
+
+
+def test_a_model_without_sdpa_gets_eager_on_cpu_and_an_attention_it_lacks_is_refused_at_once(gemma2, tmp_path):
+    """Before, auto chose sdpa on CPU, and both ranks failed loading Gemma2 (exit 5, a traceback each)."""
+    config = run_entrypoint(demo_env(tmp_path, model=gemma2), "config")
+    assert config.returncode == 0, config.stdout[-3000:] + config.stderr[-3000:]
+    assert ('"attention": "eager, auto: Gemma2ForCausalLM has no sdpa in transformers (first: sdpa, auto on CPU'
+            in config.stdout)
+    refused = run_entrypoint(demo_env(tmp_path, model=gemma2, attention="sdpa"))
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert ("SFT_ATTENTION='sdpa': Gemma2ForCausalLM (SFT_MODEL) has no sdpa in transformers; it runs "
+            "flash_attention_4, flex_attention, eager: use one of those, or auto") in refused.stdout
+    assert "Traceback" not in refused.stdout + refused.stderr and "[rank" not in refused.stdout  # no rank started
+
+
+def test_a_folder_without_its_weights_or_with_shards_missing_is_named(gpt2, tmp_path, isolated_env):
+    import shutil
+
+    from transformers import GPT2LMHeadModel
+
+    bare = tmp_path / "bare"
+    shutil.copytree(gpt2, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    assert inputs.problems(Settings(model=str(bare)), inputs.CONFIG) == [
+        f"SFT_MODEL={str(bare)!r}: no weights in the folder (model.safetensors, pytorch_model.bin, or an index of "
+        f"their shards; it holds: {', '.join(sorted(p.name for p in bare.iterdir()))}): copy the model's weight "
+        "files, or save the model with its save_pretrained"]
+    sharded = tmp_path / "sharded"
+    GPT2LMHeadModel.from_pretrained(gpt2).save_pretrained(sharded, max_shard_size="100KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(gpt2 / name, sharded / name)
+    assert inputs.problems(Settings(model=str(sharded)), inputs.CONFIG) == []
+    shards[1].unlink()
+    assert inputs.problems(Settings(model=str(sharded)), inputs.CONFIG) == [
+        f"SFT_MODEL={str(sharded)!r}: 1 of the {len(shards)} weight files its model.safetensors.index.json names are "
+        f"not in the folder ({shards[1].name}): copy the model's files again, all of them"]
+
+
+def test_token_ids_beyond_the_models_vocabulary_are_named_with_the_data(tmp_path, isolated_env):
+    """A model whose config.json has fewer embedding rows than its tokenizer has tokens: before, every rank failed
+    at its first step with 'IndexError: index out of range in self'."""
+    import shutil
+
+    small = tmp_path / "small-vocab"
+    shutil.copytree(DEMO_MODEL, small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 400}))
+    with pytest.raises(DataError) as e:
+        read(tmp_path, small, dataset=str(DEMO_DATA))
+    assert [p for p in e.value.problems if "vocab_size" in p] == [
+        f"SFT_MODEL={str(small)!r}: its tokenizer gives this data token ids up to 450 (452 tokens in all), but its "
+        "config.json's vocab_size is 400: the model has no embedding for ids 400 and up. Use the tokenizer the model "
+        "was trained with, or resize its embeddings (resize_token_embeddings) and save it"]
+
+
+def test_a_model_that_is_not_a_causal_language_model_is_named_so(tmp_path, isolated_env):
+    """A vision-language model's config is read, but AutoModelForCausalLM has no class for it: before, the message
+    sent the user to the network and HF_HUB_OFFLINE."""
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    with pytest.raises(inputs.CannotRun) as e:
+        inputs.shape_of(str(folder))
+    assert str(e.value) == (f"SFT_MODEL={str(folder)!r}: its config.json is a Qwen2VLConfig, for which transformers "
+                            "has no causal language model (AutoModelForCausalLM): this job trains text-generation "
+                            "models, not vision-language, encoder or other models")

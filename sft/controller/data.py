@@ -243,6 +243,7 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
 
     labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, _trainer_args(s))
     problems, notes, lengths = _long_rows(s, found, labeller)
+    problems += _ids_beyond_the_model(s, found)
     train, evaluation = found.train, found.eval
     split, _, _ = rules.batch_split(s, None, ranks.on_gpu)  # a batch search keeps its rows per step
     seq = s.sequence_parallel if isinstance(s.sequence_parallel, int) else 1  # auto: as if unsplit (the most)
@@ -261,6 +262,34 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
     if problems:
         raise DataError(problems)
     return notes
+
+
+def _ids_beyond_the_model(s: Settings, found: Found) -> list[str]:
+    """Token ids the model has no embedding for (a tokenizer with more tokens than config.json's vocab_size): every
+    rank would fail at its first step with an IndexError that names neither."""
+    from ..data import cache
+
+    vocab = _model_vocab(s)
+    top = cache.largest_id(found.tokens.rows) if vocab is not None else None
+    if top is None or top < vocab:
+        return []
+    return [f"SFT_MODEL={s.model!r}: its tokenizer gives this data token ids up to {top:,} ({len(found.tokenizer):,} "
+            f"tokens in all), but its config.json's vocab_size is {vocab:,}: the model has no embedding for ids "
+            f"{vocab:,} and up. Use the tokenizer the model was trained with, or resize its embeddings "
+            "(resize_token_embeddings) and save it"]
+
+
+def _model_vocab(s: Settings) -> int | None:
+    """The model's embedding rows (its config's vocab_size); None where the config cannot be read (named elsewhere)."""
+    from transformers import AutoConfig
+
+    from .inputs import model_revision
+
+    try:
+        config = AutoConfig.from_pretrained(s.model, revision=model_revision(s), trust_remote_code=s.trust_remote_code)
+        return int(config.get_text_config().vocab_size)
+    except Exception:  # noqa: BLE001 - not found, offline, not a model's config: the model's own checks say so
+        return None
 
 
 def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str], list[int]]:

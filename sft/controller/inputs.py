@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,6 +56,12 @@ def shape_of(model: str, revision: str | None = None, trust: bool = False) -> Mo
     except Exception as e:  # noqa: BLE001 - not found, offline and not cached, not a model config, or the model's
         # own code (with SFT_TRUST_REMOTE_CODE) failing: one line naming it, not the library's traceback
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if "for this kind of AutoModel" in why:  # read, but transformers has no causal LM class for its config
+            kind = re.search(r"(\w+)'>", why)
+            raise CannotRun(f"SFT_MODEL={model!r}: its config.json is a {kind.group(1) if kind else 'configuration'}, "
+                            "for which transformers has no causal language model (AutoModelForCausalLM): this job "
+                            "trains text-generation models, not vision-language, encoder or other models",
+                            exitcodes.BAD_SETTINGS) from None
         hint = ("; set SFT_TRUST_REMOTE_CODE=true only after reading its code" if "trust_remote_code" in str(e)
                 else "")
         raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): check the name or path, "
@@ -85,7 +92,20 @@ def model_shape(model: str, revision: str | None = None, trust: bool = False) ->
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
         vocab_size=text.vocab_size,
         qk_norm=any(n.endswith("q_norm.weight") for n, _ in named),
+        attentions=attentions_of(type(net)),
+        model_class=type(net).__name__,
     )
+
+
+# transformers' flags on a model class for each attention kernel the job can ask for (PreTrainedModel's own default
+# is False for each); eager is every model's own code
+KERNEL_FLAGS = {"flash_attention_4": "_supports_flash_attn", "flex_attention": "_supports_flex_attn",
+                "sdpa": "_supports_sdpa"}
+
+
+def attentions_of(cls: type) -> tuple[str, ...]:
+    """The attention kernels a transformers model class runs, as transformers checks them when the model loads."""
+    return tuple(k for k, flag in KERNEL_FLAGS.items() if getattr(cls, flag, False)) + ("eager",)
 
 
 def _intermediate_size(text) -> int:
@@ -151,6 +171,38 @@ def model_config(s: Settings) -> list[str]:
     except CannotRun as e:
         return [str(e)]
     return []
+
+
+# The weight files transformers' from_pretrained looks for in a folder, one file or an index of shards each
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def model_weights(s: Settings) -> list[str]:
+    """A model folder holds its weights, and every shard its index names: without them every rank fails as it
+    loads the model, after the data is read and the ranks started (a copy that stopped part way, say)."""
+    import json
+
+    folder = _local_folder(s.model)
+    if folder is None:
+        return []
+    for name in INDEXES:
+        if (folder / name).is_file():
+            try:
+                shards = sorted(set(json.loads((folder / name).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                return [f"SFT_MODEL={s.model!r}: its {name} cannot be read ({_first_line(e)}): copy it again"]
+            if missing := [f for f in shards if not (folder / f).is_file()]:
+                return [f"SFT_MODEL={s.model!r}: {len(missing)} of the {len(shards)} weight files its {name} names "
+                        f"are not in the folder ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
+                        "copy the model's files again, all of them"]
+            return []
+    if any((folder / name).is_file() for name in WEIGHTS):
+        return []
+    held = ", ".join(sorted(p.name for p in folder.iterdir())[:12])
+    return [f"SFT_MODEL={s.model!r}: no weights in the folder (model.safetensors, pytorch_model.bin, or an index "
+            f"of their shards; it holds: {held}): copy the model's weight files, or save the model with its "
+            "save_pretrained"]
 
 
 def model_tokenizer(s: Settings) -> list[str]:
@@ -232,7 +284,7 @@ ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
 # A missing chat template is the data step's to find (controller/data.py): only conversations need one, and
 # SFT_CHAT_TEMPLATE may bring it.
-CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_tokenizer)
+CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_weights, model_tokenizer)
 JOB: tuple[Finder, ...] = (*CONFIG, hub_token, hub_online)
 
 

@@ -99,6 +99,14 @@ def lengths(tokens: Dataset) -> list[int]:
     return pc.list_value_length(table.column("input_ids")).to_pylist()
 
 
+def largest_id(tokens: Dataset) -> int | None:
+    """The largest token id in any row (None: no tokens), by Arrow's kernels over the flattened lists."""
+    import pyarrow.compute as pc
+
+    table = tokens.flatten_indices().data if tokens._indices is not None else tokens.data
+    return pc.max(pc.list_flatten(table.column("input_ids"))).as_py()
+
+
 STAGING = "sft-tokens-"  # TMPDIR/sft-tokens-XXXXXXXX: one process's tokens not yet kept
 HELD = ".held"  # in it: a file its process holds a flock(2) on while it runs (the kernel drops it however it dies)
 _held: list = []  # the open lock files: a lock lives as long as its descriptor

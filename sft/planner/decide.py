@@ -40,7 +40,7 @@ def decide(inputs: Inputs) -> Decision:
     reasons = {"ranks": ranks.why}
     bf16, reasons["precision"] = rules.precision(s, ranks)
     splits, why_split = rules.sequence_parallel(s, ranks, inputs.shape, record)
-    rules.check_attention(s, ranks, inputs.machine)
+    rules.check_attention(s, ranks, inputs.machine, inputs.shape)
     # a draft: _first_stage plans with its ranks and split, _at_stage compiles or not, Liger and the attention
     # kernel for each stage it tries; _with_stage fills the rest
     draft = Decision(ranks=ranks, bf16=bf16, attention="", liger=False, compile=False, stage=stages.get("1"),
@@ -196,7 +196,7 @@ def _at_stage(inputs: Inputs, d: Decision, stage: Stage, config: Mapping[str, An
     s, m = inputs.settings, inputs.machine
     compiled, why_compile = rules.compile_model(s, d.ranks, stage, d.sequence_parallel)
     liger, why_liger = rules.liger(s, d.ranks, m, compiled)
-    attention, why_attention = rules.attention(s, d.ranks, m, d.sequence_parallel, compiled)
+    attention, why_attention = rules.attention(s, d.ranks, m, inputs.shape, d.sequence_parallel, compiled)
     config, why_overlap = stages.overlap_comm(config, stage, d.ranks.world, inputs.user_config is not None)
     return _replace(d, stage=stage, ds_config=config, compile=compiled, liger=liger, attention=attention,
                     reasons={**d.reasons, "compile": why_compile, "liger": why_liger, "attention": why_attention,

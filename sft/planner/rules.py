@@ -71,12 +71,17 @@ FLASH_ATTENTION_4_CAPABILITY = (9, 0)
 FLASH_ATTENTION_4_MAX_LENGTH = 8192
 
 
-def check_attention(s: Settings, ranks: Ranks, machine: Machine) -> None:
-    """SFT_ATTENTION=flash_attention_4 where it cannot run: refused (CannotRun) with what would be right."""
+def check_attention(s: Settings, ranks: Ranks, machine: Machine, shape: ModelShape) -> None:
+    """SFT_ATTENTION set to a kernel that cannot run here or that the model's class lacks: refused (CannotRun) with
+    what would be right, before any rank loads the model (transformers refuses it there, in every rank)."""
     if s.attention == "flash_attention_4" and (where := flash_attention_4_missing(ranks, machine)):
         raise CannotRun(f"SFT_ATTENTION='flash_attention_4': {where}; FlashAttention-4 runs on GPUs of compute "
                         "capability 9.0 or newer (H100, H200, B200) with flash-attn-4 installed (the image has "
                         "it): use auto", exitcodes.BAD_SETTINGS)
+    if s.attention != "auto" and not shape.runs(s.attention):
+        raise CannotRun(f"SFT_ATTENTION={s.attention!r}: {shape.class_name} (SFT_MODEL) has no {s.attention} in "
+                        f"transformers; it runs {', '.join(shape.attentions)}: use one of those, or auto",
+                        exitcodes.BAD_SETTINGS)
 
 
 def flash_attention_4_missing(ranks: Ranks, machine: Machine) -> str:
@@ -90,8 +95,25 @@ def flash_attention_4_missing(ranks: Ranks, machine: Machine) -> str:
             if machine.flash_attention_4_broken else "")
 
 
-def attention(s: Settings, ranks: Ranks, machine: Machine, split: int = 1, compiled: bool = False) -> tuple[str, str]:
-    """The attention kernel, for layers compiled or not (check_attention has refused what cannot run)."""
+def attention(s: Settings, ranks: Ranks, machine: Machine, shape: ModelShape, split: int = 1,
+              compiled: bool = False) -> tuple[str, str]:
+    """The attention kernel, for layers compiled or not (check_attention has refused what cannot run); under auto,
+    the next one the model's class runs where it lacks the first choice."""
+    kernel, why = _preferred_attention(s, ranks, machine, split, compiled)
+    if shape.runs(kernel):
+        return kernel, why
+    if split > 1:
+        raise CannotRun(f"rows split over {split} GPUs: DeepSpeed's Ulysses wraps sdpa, which "
+                        f"{shape.class_name} lacks in transformers: leave SFT_SEQUENCE_PARALLEL at 1",
+                        exitcodes.BAD_SETTINGS)
+    # each keeps packed sequences apart as FlashAttention-4 does; flex only on GPUs (no fast CPU kernel)
+    order = ("flex_attention", "sdpa", "eager") if ranks.on_gpu else ("sdpa", "eager")
+    fallback = next(k for k in order if shape.runs(k))
+    return fallback, f"{fallback}, auto: {shape.class_name} has no {kernel} in transformers (first: {why})"
+
+
+def _preferred_attention(s: Settings, ranks: Ranks, machine: Machine, split: int, compiled: bool) -> tuple[str, str]:
+    """The kernel auto prefers on these ranks, whatever the model."""
     if s.attention != "auto":
         return s.attention, f"{s.attention} (SFT_ATTENTION)"
     if split > 1:

@@ -20,6 +20,19 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    # The attention kernels (fields.ATTENTIONS) its transformers class runs, by the class's own _supports_* flags
+    # (Gemma2 has no sdpa, GPT-2 no flex attention); empty: not known (a shape built by hand), none refused
+    attentions: tuple[str, ...] = ()
+    model_class: str = ""  # transformers' class for it (Qwen3ForCausalLM); "" where not known
+
+    @property
+    def class_name(self) -> str:
+        """How messages name the model's class."""
+        return self.model_class or f"{self.name}'s model class"
+
+    def runs(self, attention: str) -> bool:
+        """Whether the model's class runs this attention kernel (unknown: assumed)."""
+        return not self.attentions or attention in self.attentions
 
     def splits_heads(self, n: int) -> bool:
         """Whether DeepSpeed's Ulysses can split this model's attention over n GPUs: each takes heads / n query

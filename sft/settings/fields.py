@@ -145,8 +145,10 @@ class Settings:
                               "where the layers are compiled, the GPUs are compute capability 9.0+, flash-attn-4 "
                               "imports and rows are up to 8,192 tokens (on an H200 8-10% faster than flex, the "
                               "same loss; 19% slower at 16,384), else flex_attention on GPUs (its block mask skips "
-                              "the other sequences of a packed row), sdpa on CPU; the reason is in the decision's "
-                              "log. "
+                              "the other sequences of a packed row), sdpa on CPU; where the model's transformers "
+                              "class lacks that kernel (Gemma2 has no sdpa, GPT-2 no flex), the next it runs: "
+                              "flex_attention, sdpa, eager. The reason is in the decision's log; a kernel set here "
+                              "that the class lacks is refused before any rank starts. "
                               "flash_attention_4: FlashAttention-4's kernels (flash-attn-4, in the image), on "
                               "GPUs of compute capability 9.0 or newer (H100, H200, B200), each packed sequence "
                               "attending to itself as with flex.", choices=ATTENTIONS)
