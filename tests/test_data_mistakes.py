@@ -296,3 +296,63 @@ def test_the_real_data_command_refuses_a_template_typo_with_exit_2(tmp_path):
     done = run_entrypoint(demo_env(tmp_path, chat_template=chat), "data", timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "its chat template does not parse (line 1: unexpected '}')" in done.stderr
+
+
+# --- message contents no chat template renders; sources whose columns are typed differently
+
+
+def test_a_message_without_content_is_named_and_a_tool_call_needs_none(tmp_path):
+    """Before, ChatML's template failed on the row (blamed as the template's), and Qwen3's rendered an empty user
+    turn and trained on it, silently."""
+    data = chats(40)
+    data[2]["messages"][0]["content"] = None
+    del data[5]["messages"][0]["content"]
+    path = tmp_path / "nulls.jsonl"
+    path.write_text(jsonl(data))
+    assert problems(tmp_path, dataset=str(path)) == [
+        f"SFT_DATASET: {path}: in 'messages' of rows 3, 6: a user message with no 'content' (null or missing): "
+        "give each message its text"]
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"q": "café"}}}
+    tools = [{"messages": [{"role": "user", "content": f"Find {i}"},
+                           {"role": "assistant", "content": None, "tool_calls": [call]},
+                           {"role": "tool", "content": "found"}, {"role": "assistant", "content": "Done."}]}
+             for i in range(40)]
+    path.write_text(jsonl(tools))
+    from sft.data import checks
+    from sft.data.shapes import MESSAGES
+    from sft.data.sources import load
+
+    assert checks.row_problems(load(DataSource(str(path))), MESSAGES, "tools.jsonl", "all") == []
+
+
+def test_content_as_a_list_of_parts_is_named_not_rendered_as_nothing(tmp_path):
+    """OpenAI's parts ([{"type": "text", "text": ...}]): Qwen3's template renders them as '', ChatML's fails."""
+    data = chats(40)
+    for row in data[:3]:
+        row["messages"][0]["content"] = [{"type": "text", "text": row["messages"][0]["content"]}]
+    path = tmp_path / "parts.jsonl"
+    path.write_text(jsonl(data))
+    assert problems(tmp_path, dataset=str(path)) == [
+        f"SFT_DATASET: {path}: in 'messages' of rows 1, 2, 3: 'content' is a list of parts (OpenAI's [{{\"type\": "
+        "\"text\", \"text\": ...}]), which a text model's chat template renders as nothing or fails on: write each "
+        "message's content as one string"]
+
+
+def test_plain_rows_then_rows_with_tool_calls_mix_in_either_order(tmp_path):
+    """datasets types messages with tool calls as JSON text and plain ones as structs: a struct casts to JSON, not
+    back. Before, the plain source first failed with a traceback (TypeError: Couldn't cast array of type string)."""
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
+    tools = [{"messages": [{"role": "user", "content": f"Find {i}"},
+                           {"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "content": "found"}, {"role": "assistant", "content": "Done."}]}
+             for i in range(20)]
+    from sft.data.sources import combine, load_all
+
+    write(tmp_path / "plain.jsonl", chats(20))
+    write(tmp_path / "tools.jsonl", tools)
+    for order in ("plain.jsonl, tools.jsonl", "tools.jsonl, plain.jsonl"):
+        sources = [DataSource(str(tmp_path / name)) for name in order.split(", ")]
+        rows_ = combine(load_all(sources, "SFT_DATASET"), sources, ("messages",), 0)
+        assert len(rows_) == 40
+        roles = [[m["role"] for m in r] for r in rows_["messages"]]
+        assert roles.count(["user", "assistant", "tool", "assistant"]) == 20 and roles.count(["user", "assistant"]) == 20

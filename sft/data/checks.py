@@ -86,6 +86,7 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
         hint = " (ShareGPT's human and gpt are user and assistant)" if {"human", "gpt"} & set(names) else ""
         found.append(f"{label}: role {', '.join(names)} in {column!r} of {rows_named(rows)}: a role must be one of "
                      f"{', '.join(ROLES)}{hint}")
+    found += _contents(flat, parents, roles, item, shape, f"{label}: in {column!r} of")
     if need_assistant:
         said = np.zeros(len(col), dtype=bool)
         said[parents[pc.fill_null(pc.equal(roles, "assistant"), False).to_numpy(zero_copy_only=False)]] = True
@@ -93,6 +94,49 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
         if silent := np.flatnonzero(~said).tolist():
             found.append(f"{label}: no assistant turn in {rows_named(silent)}: with SFT_LOSS_ON=assistant such a "
                          "row has no token to learn (TRL stops on it)")
+    return found
+
+
+def _contents(flat, parents, roles, item, shape: Shape, where: str) -> list[str]:
+    """Messages whose content no chat template renders: null or missing (an assistant's aside: empty.py), or
+    a list of parts (OpenAI's [{"type": "text", ...}]), which Qwen3's template renders as nothing, silently, and
+    ChatML's fails on. `item`: the messages' Arrow type (a struct, or JSON text where their keys differ)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    key = shape.content_key
+    if isinstance(item, pa.JsonType):
+        messages = [json.loads(m) if m is not None else None for m in flat.storage.to_pylist()]
+        contents = [m.get(key) if isinstance(m, dict) else None for m in messages]
+        calls = [bool(m.get("tool_calls")) if isinstance(m, dict) else False for m in messages]
+    else:
+        has = item.get_field_index(key) >= 0
+        field = pc.struct_field(flat, key) if has else pa.nulls(len(flat))
+        if isinstance(field.type, pa.JsonType):  # strings in some messages, lists in others
+            contents = [json.loads(c) if c is not None else None for c in field.storage.to_pylist()]
+        elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type) or not has:
+            contents = [None if n else "" for n in field.is_null().to_pylist()]
+        else:
+            contents = field.to_pylist()
+        calls = (pc.fill_null(pc.greater(pc.list_value_length(pc.struct_field(flat, "tool_calls")), 0), False)
+                 .to_pylist() if item.get_field_index("tool_calls") >= 0 else [False] * len(flat))
+    roles = roles.to_pylist()
+    # an assistant's turn without content is a row that teaches nothing (empty.py: SFT_EMPTY_ROWS may drop it)
+    absent = [c is None and not calls[i] and roles[i] != "assistant" for i, c in enumerate(contents)]
+    missing = sorted({int(parents[i]) for i, a in enumerate(absent) if a})
+    parts = sorted({int(parents[i]) for i, c in enumerate(contents) if isinstance(c, list)})
+    named = sorted({str(roles[i]) for i, a in enumerate(absent) if a})
+    found = []
+    if missing:
+        article = "an" if named[0].startswith("a") else "a"  # system, user, tool; or a role the checks named
+        found.append(f"{where} {rows_named(missing)}: {article} {'/'.join(named)} message with no {key!r} (null or "
+                     "missing): give each message its text")
+    if parts:
+        found.append(f"{where} {rows_named(parts)}: {key!r} is a list of parts (OpenAI's [{{\"type\": \"text\", "
+                     "\"text\": ...}]), which a text model's chat template renders as nothing or fails on: write "
+                     "each message's content as one string")
     return found
 
 

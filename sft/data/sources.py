@@ -160,10 +160,26 @@ def combine(loaded: list[Dataset], sources: list[DataSource], columns: tuple[str
         parts.append(draw(dataset, wanted_rows(source, len(dataset)), seed, index))
     if len(parts) == 1:
         return parts[0]
-    first = parts[0].features
-    # JSON, Parquet and CSV can type the same column differently (string or large string, say)
-    parts = [p if p.features == first else p.cast(first) for p in parts]
-    return concatenate_datasets(parts)
+    return concatenate_datasets(_typed_alike(parts, sources))
+
+
+def _typed_alike(parts: list[Dataset], sources: list[DataSource]) -> list[Dataset]:
+    """The sources' rows in one set of column types. JSON, Parquet and CSV can type the same column differently
+    (string or large string), and messages whose keys differ (tool calls in some) are JSON text where plain ones
+    are structs: a struct casts to JSON, not back, so each source's types are tried in turn as the common ones."""
+    errors, tried = [], []
+    for target in (p.features for p in parts):  # in the sources' order
+        if target in tried:
+            continue
+        tried.append(target)
+        try:
+            return [p if p.features == target else p.cast(target) for p in parts]
+        except (TypeError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            errors.append(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    names = ", ".join(s.path for s in sources)
+    raise DataError([f"SFT_DATASET: its sources ({names}) type the same columns differently, and no source's "
+                     f"types hold the others' ({errors[0]}): give their rows the same keys, or train on them "
+                     "separately"])
 
 
 def with_roles(dataset: Dataset, shape: Shape) -> Dataset:
