@@ -356,3 +356,20 @@ def test_plain_rows_then_rows_with_tool_calls_mix_in_either_order(tmp_path):
         assert len(rows_) == 40
         roles = [[m["role"] for m in r] for r in rows_["messages"]]
         assert roles.count(["user", "assistant", "tool", "assistant"]) == 20 and roles.count(["user", "assistant"]) == 20
+
+
+def test_a_mixtures_tools_column_is_kept_for_the_rows_that_have_one(tmp_path):
+    """Before, a `tools` column was kept only where every source had one: mixed with plain rows, the tool rows lost
+    their tools' definitions (the system prompt the template renders from them), silently."""
+    from sft.data.sources import combine, load_all
+
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Look up a word.",
+                                             "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    write(tmp_path / "tools.jsonl", [{**row, "tools": [tool]} for row in chats(10)])
+    write(tmp_path / "plain.jsonl", chats(10))
+    for order in (("tools.jsonl", "plain.jsonl"), ("plain.jsonl", "tools.jsonl")):
+        sources = [DataSource(str(tmp_path / name)) for name in order]
+        mixed = combine(load_all(sources, "SFT_DATASET"), sources, ("messages",), 0)
+        kept = [t for t in mixed["tools"] if t]
+        assert len(mixed) == 20 and len(kept) == 10, order
+        assert all(t[0]["function"]["name"] == "lookup" for t in kept)

@@ -151,9 +151,13 @@ def combine(loaded: list[Dataset], sources: list[DataSource], columns: tuple[str
     """One dataset: of each source its shape's columns and the rows its amount asks for, concatenated."""
     from datasets import concatenate_datasets
 
-    extras = [c for c in OPTIONAL_COLUMNS if all(c in d.column_names for d in loaded)]
+    # kept where any source has one (a mixture's tool rows keep their tools' definitions): None in the others' rows
+    extras = [c for c in OPTIONAL_COLUMNS if any(c in d.column_names for d in loaded)]
     parts = []
     for index, (dataset, source) in enumerate(zip(loaded, sources, strict=True)):
+        for column in extras:
+            if column not in dataset.column_names:
+                dataset = dataset.add_column(column, [None] * len(dataset))
         dataset = dataset.select_columns([*columns, *extras])
         if columns == SHAREGPT.columns:
             dataset = with_roles(dataset, SHAREGPT)
