@@ -373,3 +373,16 @@ def test_a_mixtures_tools_column_is_kept_for_the_rows_that_have_one(tmp_path):
         kept = [t for t in mixed["tools"] if t]
         assert len(mixed) == 20 and len(kept) == 10, order
         assert all(t[0]["function"]["name"] == "lookup" for t in kept)
+
+
+def test_a_folder_whose_files_have_different_columns_says_so_and_how_to_read_them(tmp_path):
+    """Before: 'cannot be read: An error occurred while generating the dataset (Couldn't cast)'. An `id` column in
+    one file is enough: datasets reads a folder's files as one table."""
+    folder = tmp_path / "chats"
+    write(folder / "a.jsonl", chats(20))
+    write(folder / "b.jsonl", [{**row, "id": i} for i, row in enumerate(chats(20))])
+    assert problems(tmp_path, dataset=str(folder)) == [
+        f"SFT_DATASET: {folder}: cannot be read: its files have different columns (datasets reads a folder's files "
+        "as one table): name the files in SFT_DATASET, separated by commas (a mixture takes its shape's columns of "
+        "each), or give them the same columns"]
+    assert len(read(tmp_path, dataset=f"{folder / 'a.jsonl'}, {folder / 'b.jsonl'}").train) == 40

@@ -140,6 +140,10 @@ def _why(error: Exception, source: DataSource, kind: str, label: str, var: str) 
         if found := files.diagnose(paths):
             return [f"{var}: {line}" for line in found]
     cause = f" ({str(error.__cause__).splitlines()[0]})" if error.__cause__ and str(error.__cause__) else ""
+    if kind == "folder" and "column names don't match" in str(error.__cause__):  # datasets reads a folder as one table
+        return [f"{label}: cannot be read: its files have different columns (datasets reads a folder's files as one "
+                "table): name the files in SFT_DATASET, separated by commas (a mixture takes its shape's columns "
+                "of each), or give them the same columns"]
     if kind == "hub":
         return [f"{label}: cannot be loaded from the Hub: {text.splitlines()[0]}{cause}: check the name "
                 "(SFT_DATASET_CONFIG for its subsets), HF_TOKEN for a gated or private dataset, and with "
