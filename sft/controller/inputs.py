@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -53,19 +52,21 @@ def shape_of(model: str, revision: str | None = None, trust: bool = False) -> Mo
     """The model's shape from its config.json, or a one-line reason it cannot be read."""
     try:
         return model_shape(model, revision, trust)
+    except NotACausalLM as e:
+        raise CannotRun(f"SFT_MODEL={model!r}: its config.json is a {e}, for which transformers has no causal "
+                        "language model (AutoModelForCausalLM): this job trains text-generation models, not "
+                        "vision-language, encoder or other models", exitcodes.BAD_SETTINGS) from None
     except Exception as e:  # noqa: BLE001 - not found, offline and not cached, not a model config, or the model's
         # own code (with SFT_TRUST_REMOTE_CODE) failing: one line naming it, not the library's traceback
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if "for this kind of AutoModel" in why:  # read, but transformers has no causal LM class for its config
-            kind = re.search(r"(\w+)'>", why)
-            raise CannotRun(f"SFT_MODEL={model!r}: its config.json is a {kind.group(1) if kind else 'configuration'}, "
-                            "for which transformers has no causal language model (AutoModelForCausalLM): this job "
-                            "trains text-generation models, not vision-language, encoder or other models",
-                            exitcodes.BAD_SETTINGS) from None
         hint = ("; set SFT_TRUST_REMOTE_CODE=true only after reading its code" if "trust_remote_code" in str(e)
                 else "")
         raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): check the name or path, "
                         f"the network, and HF_HUB_OFFLINE{hint}", exitcodes.BAD_SETTINGS) from None
+
+
+class NotACausalLM(ValueError):
+    """A config transformers reads, of a model it has no AutoModelForCausalLM class for (vision-language, encoder)."""
 
 
 def model_shape(model: str, revision: str | None = None, trust: bool = False) -> ModelShape:
@@ -73,8 +74,12 @@ def model_shape(model: str, revision: str | None = None, trust: bool = False) ->
     SFT_TRUST_REMOTE_CODE (False: transformers refuses a model's own code instead of asking; remotecode.py)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     cfg = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust)
+    own_code = getattr(cfg, "auto_map", None) or {}  # a model's own classes (SFT_TRUST_REMOTE_CODE)
+    if type(cfg) not in MODEL_FOR_CAUSAL_LM_MAPPING and "AutoModelForCausalLM" not in own_code:
+        raise NotACausalLM(type(cfg).__name__)
     with torch.device("meta"):  # shapes only: no memory, no weights downloaded
         net = AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
     named = list(net.named_parameters())  # tied weights appear once
@@ -173,20 +178,18 @@ def model_config(s: Settings) -> list[str]:
     return []
 
 
-# The weight files transformers' from_pretrained looks for in a folder, one file or an index of shards each
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
 def model_weights(s: Settings) -> list[str]:
     """A model folder holds its weights, and every shard its index names: without them every rank fails as it
     loads the model, after the data is read and the ranks started (a copy that stopped part way, say)."""
     import json
 
+    # the files transformers' from_pretrained looks for in a folder, an index of shards or one file
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
     folder = _local_folder(s.model)
     if folder is None:
         return []
-    for name in INDEXES:
+    for name in (SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME):
         if (folder / name).is_file():
             try:
                 shards = sorted(set(json.loads((folder / name).read_text())["weight_map"].values()))
@@ -197,7 +200,7 @@ def model_weights(s: Settings) -> list[str]:
                         f"are not in the folder ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
                         "copy the model's files again, all of them"]
             return []
-    if any((folder / name).is_file() for name in WEIGHTS):
+    if any((folder / name).is_file() for name in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME)):
         return []
     held = ", ".join(sorted(p.name for p in folder.iterdir())[:12])
     return [f"SFT_MODEL={s.model!r}: no weights in the folder (model.safetensors, pytorch_model.bin, or an index "

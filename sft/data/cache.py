@@ -95,16 +95,20 @@ def lengths(tokens: Dataset) -> list[int]:
     """Each row's tokens, read from Arrow's list lengths (no row is decoded into Python)."""
     import pyarrow.compute as pc
 
-    table = tokens.flatten_indices().data if tokens._indices is not None else tokens.data
-    return pc.list_value_length(table.column("input_ids")).to_pylist()
+    return pc.list_value_length(_ids(tokens)).to_pylist()
 
 
 def largest_id(tokens: Dataset) -> int | None:
     """The largest token id in any row (None: no tokens), by Arrow's kernels over the flattened lists."""
     import pyarrow.compute as pc
 
+    return pc.max(pc.list_flatten(_ids(tokens))).as_py()
+
+
+def _ids(tokens: Dataset):
+    """The input_ids column as Arrow holds it, a selection's rows gathered first."""
     table = tokens.flatten_indices().data if tokens._indices is not None else tokens.data
-    return pc.max(pc.list_flatten(table.column("input_ids"))).as_py()
+    return table.column("input_ids")
 
 
 STAGING = "sft-tokens-"  # TMPDIR/sft-tokens-XXXXXXXX: one process's tokens not yet kept

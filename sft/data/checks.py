@@ -8,6 +8,7 @@ for a message without 'role', IndexError for an empty conversation): hence these
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from .shapes import Shape
@@ -74,7 +75,8 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
     if empty := _where(pc.or_kleene(lengths.is_null(), pc.equal(lengths, 0))):
         found.append(f"{label}: {len(empty)} empty conversation(s) in {column!r} ({rows_named(empty)}): remove them")
     flat, parents = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy()
-    roles = pa.array([_role(m, shape.role_key) for m in flat.storage.to_pylist()], pa.string()) if as_json \
+    parsed = [json.loads(m) if m is not None else None for m in flat.storage.to_pylist()] if as_json else None
+    roles = pa.array([_role(m, shape.role_key) for m in parsed], pa.string()) if as_json \
         else pc.struct_field(flat, shape.role_key)
     for alias, role in shape.aliases:  # ShareGPT's human and gpt: what sources.combine gives the template
         roles = pc.if_else(pc.fill_null(pc.equal(roles, alias), False), pa.scalar(role), roles)
@@ -86,7 +88,7 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
         hint = " (ShareGPT's human and gpt are user and assistant)" if {"human", "gpt"} & set(names) else ""
         found.append(f"{label}: role {', '.join(names)} in {column!r} of {rows_named(rows)}: a role must be one of "
                      f"{', '.join(ROLES)}{hint}")
-    found += _contents(flat, parents, roles, item, shape, f"{label}: in {column!r} of")
+    found += _contents(flat, parsed, parents, roles, item, shape, f"{label}: in {column!r} of")
     if need_assistant:
         said = np.zeros(len(col), dtype=bool)
         said[parents[pc.fill_null(pc.equal(roles, "assistant"), False).to_numpy(zero_copy_only=False)]] = True
@@ -97,20 +99,18 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
     return found
 
 
-def _contents(flat, parents, roles, item, shape: Shape, where: str) -> list[str]:
+def _contents(flat, parsed, parents, roles, item, shape: Shape, where: str) -> list[str]:
     """Messages whose content no chat template renders: null or missing (an assistant's aside: empty.py), or
     a list of parts (OpenAI's [{"type": "text", ...}]), which Qwen3's template renders as nothing, silently, and
-    ChatML's fails on. `item`: the messages' Arrow type (a struct, or JSON text where their keys differ)."""
-    import json
-
+    ChatML's fails on. `item`: the messages' Arrow type (a struct, or JSON text where their keys differ: `parsed`
+    holds them read)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     key = shape.content_key
-    if isinstance(item, pa.JsonType):
-        messages = [json.loads(m) if m is not None else None for m in flat.storage.to_pylist()]
-        contents = [m.get(key) if isinstance(m, dict) else None for m in messages]
-        calls = [bool(m.get("tool_calls")) if isinstance(m, dict) else False for m in messages]
+    if parsed is not None:
+        contents = [m.get(key) if isinstance(m, dict) else None for m in parsed]
+        calls = [bool(m.get("tool_calls")) if isinstance(m, dict) else False for m in parsed]
     else:
         has = item.get_field_index(key) >= 0
         field = pc.struct_field(flat, key) if has else pa.nulls(len(flat))
@@ -140,11 +140,9 @@ def _contents(flat, parents, roles, item, shape: Shape, where: str) -> list[str]
     return found
 
 
-def _role(message: str | None, key: str) -> str | None:
-    import json
-
-    value = json.loads(message) if message is not None else None
-    return value.get(key) if isinstance(value, dict) and isinstance(value.get(key), str) else None
+def _role(message: dict | None, key: str) -> str | None:
+    value = message.get(key) if isinstance(message, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _where(mask) -> list[int]:
