@@ -142,6 +142,13 @@ def free_disk(output_dir: str) -> int:
     return shutil.disk_usage(path).free
 
 
+def free_after_writes(output_dir: Path, newest: Path) -> int:
+    """Free bytes once the newest checkpoint's background write and the retired ones' removal have ended: free now,
+    less what is still to be written, plus what is still to be removed."""
+    coming = unwritten_bytes(newest)
+    return free_disk(str(output_dir)) - coming + freed_by_removal(output_dir)
+
+
 def unwritten_bytes(path: Path) -> int:
     """Bytes the folder's files still being written in the background will take: each is its final size already
     (torch.save's file with its records left as holes) but holds only the blocks written so far."""

@@ -6,10 +6,15 @@ below, and a GPU's copies in tests/test_gpu.py."""
 
 from __future__ import annotations
 
+import os
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from sft import checkpoints
+from sft.ranks import progress
 from sft.ranks.patches import background, saving
 from sft.ranks.patches import checkpoints as checkpoint_patches
 from checkpoint_layout import make_checkpoint
@@ -215,3 +220,43 @@ def test_a_disk_for_two_checkpoints_holds_a_run_of_many_saved_in_the_background(
         assert checkpoints.problem(out / "checkpoint-64") is None and checkpoints.being_removed(out) == []
         assert summary["train"]["global_step"] == 64 and (out / "final" / "config.json").is_file()
         assert "[rank 0] disk after checkpoint-60:" in result.stdout  # a save after the disk filled
+
+
+def test_the_room_after_a_save_waits_for_a_disk_that_counts_removed_blocks_free_late(tmp_path, monkeypatch):
+    """On an H100 machine's disk, free space read during a retired checkpoint's removal lacked its blocks, and the
+    check stopped a run that fit. Where the retired bytes would make the room, the check waits for the disk (up to
+    SETTLE_S); where they could not, or nothing was retired, it answers at once."""
+    out, size, late = tmp_path / "out", 32 << 20, [0]
+    for step in (10, 20):
+        make_checkpoint(out, step, ranks=1, extra={"weights.bin": os.urandom(size)})
+    checkpoints.retire(out, 1)
+    retired = checkpoints.freed_by_removal(out)
+    checkpoints.remove_retired(out)  # behind the steps, while the newest is written
+    make_checkpoint(out, 30, ranks=1, extra={"weights.bin": os.urandom(size)})
+    newest = checkpoints.folder_bytes(out / "checkpoint-30")
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=2, bf16=True)  # one more checkpoint to come
+    state, model = SimpleNamespace(global_step=30, max_steps=100), torch.nn.Linear(4, 4)
+
+    def a_disk(room: int, lag_s: float) -> None:
+        """A disk of its own (other tests write beside this one) with `room` past what the run needs once the removed
+        blocks count, which it counts `lag_s` after now."""
+        capacity = checkpoints.folder_bytes(tmp_path) + newest + 20 * 2 + room  # the final model: 20 bf16 weights
+        late[0], given_back = retired, time.monotonic() + lag_s
+        monkeypatch.setattr(checkpoints, "free_disk", lambda _: capacity - checkpoints.folder_bytes(tmp_path)
+                            - (late[0] if time.monotonic() < given_back else 0))
+
+    monkeypatch.setattr(progress, "SETTLE_S", 3.0)
+    a_disk(room=1 << 20, lag_s=1.0)
+    began = time.monotonic()
+    fits, why = progress.room_after(args, state, model, every=10, retired=retired)
+    assert fits and 1.0 <= time.monotonic() - began < 3.0, why
+    a_disk(room=1 << 20, lag_s=1.0)
+    assert not progress.room_after(args, state, model, every=10)[0]  # nothing retired: no wait, as before
+    a_disk(room=-(1 << 20), lag_s=0.0)  # short by 1 MiB, the removed blocks counted
+    began = time.monotonic()
+    fits, why = progress.room_after(args, state, model, every=10, retired=retired)
+    assert not fits and time.monotonic() - began >= 3.0 and "stops now, at this complete checkpoint" in why
+    a_disk(room=-(2 * retired), lag_s=100.0)  # short by more than the removal gives back: no wait
+    began = time.monotonic()
+    assert not progress.room_after(args, state, model, every=10, retired=retired)[0]
+    assert time.monotonic() - began < 1.0

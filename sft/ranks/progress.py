@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from ..checkpoints import retire, step_of
+from ..checkpoints import freed_by_removal, retire, step_of
 from ..events import EVENTS_FILE, PROGRESS_FILE, CheckpointSaved, CheckpointWritten, Evaluated, EventLog, Progress
 from ..handoff import CheckpointRecord, RankReport, write_json
 from ..planner import disk
@@ -26,6 +26,7 @@ from .patches.reads import Read
 
 PROGRESS_EVERY_S = 2.0  # run/progress.json is rewritten at most this often (and after each save)
 RATE_WINDOW = 20  # steps over which seconds per step are taken
+SETTLE_S, SETTLE_POLL_S = 60.0, 0.5  # the wait for a removal's blocks to count as free (room_after)
 
 
 class StopRequest:
@@ -111,6 +112,7 @@ class ProgressCallback(TrainerCallback):
         self._save_began: float | None = None
         self.saved_step: int | None = None  # the step of the newest checkpoint this run saved (every rank)
         self.hold = None  # a Hold (ranks/hold.py) where this training launch is also the probe
+        self._retired_bytes = 0  # rank 0: what removing the checkpoints this save retired gives back
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.report.train_began, self.report.train_began_wall = time.perf_counter(), time.time()
@@ -197,7 +199,7 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero:
             every = disk.steps_between_saves(args.save_steps if args.save_strategy == "steps" else None,
                                              self.clock.interval_s, self.progress.seconds_per_step)
-            fits, message = room_after(args, state, kwargs["model"], every)
+            fits, message = room_after(args, state, kwargs["model"], every, self._retired_bytes)
             print(f"[rank 0] disk after checkpoint-{state.global_step}: {message}", flush=True)
             if not fits:
                 self.report.stop_reason = message
@@ -228,6 +230,8 @@ class ProgressCallback(TrainerCallback):
             retire(Path(args.output_dir), args.save_total_limit, state.best_model_checkpoint)
         if dist.is_initialized():
             dist.barrier()  # renamed before any rank looks for them
+        if state.is_world_process_zero:
+            self._retired_bytes = freed_by_removal(Path(args.output_dir))
         writer.clear(Path(args.output_dir), remover=args.should_save)  # behind the steps, before the next files
 
     def _written_in_background(self, state) -> None:
@@ -278,17 +282,32 @@ class ProgressCallback(TrainerCallback):
         self._written = now
 
 
-def room_after(args, state, model, every: int) -> tuple[bool, str]:
+def room_after(args, state, model, every: int, retired: int = 0) -> tuple[bool, str]:
     """The newest checkpoint's real size against the room the rest of the run needs, a checkpoint every `every`
-    steps and one at the end: (fits, why)."""
-    from ..checkpoints import all_checkpoints, folder_bytes, free_disk, freed_by_removal, unwritten_bytes
+    steps and one at the end: (fits, why). The background write in flight counts as on the disk already, the
+    retired checkpoints as gone. `retired`: the bytes this save's retired checkpoints held (freed_by_removal)."""
+    from ..checkpoints import all_checkpoints, folder_bytes, free_after_writes, unwritten_bytes
 
     out = Path(args.output_dir)
     newest = out / f"checkpoint-{state.global_step}"
-    coming = unwritten_bytes(newest)  # written in the background: counted as if already on the disk
-    going = freed_by_removal(out)  # retired, removed behind the steps: counted as gone
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
-    return disk.room_after_save(folder_bytes(newest) + coming, free_disk(str(out)) - coming + going,
-                      len(all_checkpoints(out)), args.save_total_limit,
-                      disk.saves_left(state.global_step, state.max_steps, every),
-                      params * disk.weight_bytes(args.bf16))
+    size = folder_bytes(newest) + unwritten_bytes(newest)
+
+    def verdict(uncounted: int = 0) -> tuple[bool, str]:
+        return disk.room_after_save(size, free_after_writes(out, newest) + uncounted, len(all_checkpoints(out)),
+                                    args.save_total_limit, disk.saves_left(state.global_step, state.max_steps, every),
+                                    params * disk.weight_bytes(args.bf16))
+
+    fits, message = verdict()
+    if fits or not retired or not verdict(retired)[0]:
+        return fits, message
+    # Some filesystems count a removed file's blocks as free only a while after the unlink: on an H100 machine's
+    # disk, free space read during a 27.5 GB checkpoint's removal was 21 GB short, and a run that fit was stopped.
+    # Where the retired checkpoints' bytes would make the room, the disk is given time to count them.
+    print(f"[rank 0] disk after checkpoint-{state.global_step}: short, unless the {retired / 1e9:.3g} GB of "
+          f"the checkpoints just removed are not yet counted free; waiting up to {SETTLE_S:.0f} s", flush=True)
+    deadline = time.monotonic() + SETTLE_S
+    while not fits and time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_S)
+        fits, message = verdict()
+    return fits, message
