@@ -50,8 +50,9 @@ DISK = """
 ## Disk and host RAM, per model size
 
 Disk: the output folder holds `SFT_SAVE_TOTAL_LIMIT` + 1 checkpoints while the newest is written (2 + 1 by
-default), then `final/` (16-bit weights); the Hugging Face cache (`HF_HOME`, under the same mounted folder)
-holds the base model's 16-bit weights. A checkpoint's bytes per parameter (bf16, AdamW) are {z3} at ZeRO-3 and
+default), then `final/`, hard links to the last checkpoint's model files (no room of its own, but where
+`load_best_model_at_end` writes the best model again); the Hugging Face cache (`HF_HOME`, under the same mounted
+folder) holds the base model's 16-bit weights. A checkpoint's bytes per parameter (bf16, AdamW) are {z3} at ZeRO-3 and
 {z12} at ZeRO-1 and 2, which also save the module's weights, and {z8} at ZeRO-1 and 2 with 8-bit AdamW state
 (`SFT_OPTIMIZER`; sft/planner/disk.py). The preflight checks the output folder's share before training; GB are
 10^9 bytes.
@@ -94,7 +95,7 @@ def sizes() -> str:
             p = shape.total_params
             cache = FINAL_MODEL_BYTES_PER_PARAM * p  # the base model's 16-bit weights, downloaded
             kept = (SAVE_TOTAL_LIMIT + 1) * p
-            on_disk = [kept * per + FINAL_MODEL_BYTES_PER_PARAM * p + cache for per in (z3, z12, z8)]
+            on_disk = [kept * per + cache for per in (z3, z12, z8)]  # final/: links to the last checkpoint's files
             host = [model_states(stages.get(s), p, shape.largest_layer_params, GPUS_PER_NODE)[1]
                     for s in ("3-offload", "3-offload-all")]
             rows.append(f"| {name} | {p / 1e9:.2f} B | " + " | ".join(f"{d / GB:,.0f} GB" for d in on_disk)

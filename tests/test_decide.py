@@ -576,6 +576,12 @@ def test_the_preflight_sizes_the_checkpoint_from_the_decision():
     bf16 = preflight.Needs.of(decided(zero_stage="3"), Q4.total_params, 2, {"optim": "adamw_8bit"})
     assert (bf16.checkpoint_bytes_per_param, bf16.final_bytes_per_param) == (8, 2)
     assert "optimizer state (adamw_8bit: 2 state(s) of 1 byte(s): 2)" in bf16.checkpoint_why
+    assert fp32.final_linked and bf16.final_linked  # final/: links to the last checkpoint's model files
+    best = preflight.Needs.of(decided(), Q4.total_params, 2, {"load_best_model_at_end": True})
+    assert not best.final_linked  # the best checkpoint's weights, loaded at the end, are written again
+    ok = preflight.check_disk(int(3.1 * 16 * Q4.total_params), "/out", Q4.total_params, 2, 16, 0)
+    assert ok.status == "ok" and "and final/ (links to the last checkpoint's model files)" in ok.message
+    assert preflight.check_disk(int(3.1 * 16 * Q4.total_params), "/out", Q4.total_params, 2, 16, 2).status == "fail"
 
 
 SAVES_LEFT = [(20, 64, 20, 3), (40, 64, 20, 2), (60, 64, 20, 1), (64, 64, 20, 0), (20, 60, 20, 2), (0, 10, 5, 2)]
@@ -597,6 +603,9 @@ def test_room_after_a_save_counts_the_checkpoints_still_to_come():
     # the first save of three, limit 2: two more at once
     assert not disk.room_after_save(2 * gb, 5 * gb, kept=1, save_total_limit=2, left=3, final_bytes=3 * gb // 2)[0]
     assert disk.room_after_save(2 * gb, 5 * gb, kept=1, save_total_limit=2, left=3, final_bytes=gb // 2)[0]
+    # final/ as links to the last checkpoint's files: no room of its own
+    fits, why = disk.room_after_save(2 * gb, 2 * gb, kept=2, save_total_limit=2, left=2, final_bytes=0)
+    assert fits and why.endswith("needs 2 GB (1 more checkpoint(s) at once and final/ as links to the last one's files)")
     # the last save: only final/ is to come
     assert disk.room_after_save(2 * gb, gb, kept=2, save_total_limit=2, left=0, final_bytes=gb // 2)[0]
     assert disk.full_after_failure(10**6, 2 * gb) and not disk.full_after_failure(3 * gb, 2 * gb)

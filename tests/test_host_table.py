@@ -22,11 +22,12 @@ def test_docs_host_md_is_the_generators_output():
 
 def test_the_table_counts_parameters_as_the_job_does_and_sizes_disk_as_the_preflight_does():
     """Qwen3-8B: the parameters the planner's tests know (8,190,735,360), and its disk at ZeRO-3: three checkpoints
-    of 14 bytes/param (the seed's 'about 115 GB' each), final/ and the cached base model at 2 bytes/param each."""
+    of 14 bytes/param (the seed's 'about 115 GB' each) and the cached base model at 2 bytes/param (final/ is
+    links to the last checkpoint's files)."""
     row = next(line for line in _generator().sizes().splitlines() if line.startswith("| Qwen3-8B |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "8.19 B"
-    assert cells[2] == f"{round((3 * 14 + 2 + 2) * 8_190_735_360 / 1e9):,} GB"
+    assert cells[2] == f"{round((3 * 14 + 2) * 8_190_735_360 / 1e9):,} GB"
 
 
 def test_the_readmes_summary_quotes_the_table():

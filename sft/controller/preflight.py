@@ -45,6 +45,7 @@ class Needs:
     checkpoint_bytes_per_param: float = CHECKPOINT_BYTES_PER_PARAM
     final_bytes_per_param: int = FINAL_MODEL_BYTES_PER_PARAM
     checkpoint_why: str = ""  # how checkpoint_bytes_per_param adds up
+    final_linked: bool = True  # final/ is links to the last checkpoint's files, no room of its own (disk.final_linked)
 
     @classmethod
     def of(cls, d: Decision, total_params: int | None, save_total_limit: int,
@@ -52,7 +53,8 @@ class Needs:
         optimizer = disk.optimizer_of(d.ds_config, trainer_args or {}, d.stage)
         per_param, why = disk.checkpoint_bytes_per_param(d.bf16, d.stage.zero, optimizer)
         return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit, per_param,
-                   disk.weight_bytes(d.bf16), why)
+                   disk.weight_bytes(d.bf16), why,
+                   disk.final_linked(bool((trainer_args or {}).get("load_best_model_at_end"))))
 
 
 @dataclass(frozen=True)
@@ -224,8 +226,9 @@ def check_disk(free: int, output_dir: str, total_params: int | None, save_total_
     each = per_param * total_params
     kept = 2 if save_total_limit is None else save_total_limit + 1
     needed = kept * each + final_per_param * total_params
-    what = (f"{kept} checkpoints of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and the "
-            f"{final_per_param * total_params / GB:.1f} GB final model")
+    final = (f"the {final_per_param * total_params / GB:.1f} GB final model" if final_per_param else
+             "final/ (links to the last checkpoint's model files)")
+    what = f"{kept} checkpoints of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and {final}"
     data = {"free_gb": round(free / GB, 1), "needed_gb": round(needed / GB, 1)}
     if free < needed:
         return Check("disk", FAIL, f"{shown}, needs {needed / GB:.1f} GB for {what}: free space, mount a larger "
@@ -304,7 +307,8 @@ def run(facts: Facts, needs: Needs) -> list[Check]:
         check_shm(facts.shm_bytes, n),
         check_host_memory(m.host_memory_bytes or 0, needs.host_bytes, needs.offload),
         check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit,
-                   needs.checkpoint_bytes_per_param, needs.final_bytes_per_param, needs.checkpoint_why),
+                   needs.checkpoint_bytes_per_param, 0 if needs.final_linked else needs.final_bytes_per_param,
+                   needs.checkpoint_why),
         check_topology(n, facts.topology),
         check_allreduce(n, facts.allreduce_gbps, facts.allreduce_error),
     ]

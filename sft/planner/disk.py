@@ -30,6 +30,13 @@ def weight_bytes(bf16: bool) -> int:
     return 2 if bf16 else 4
 
 
+def final_linked(load_best_model_at_end: bool) -> bool:
+    """Whether final/ takes no room of its own: a training run saves a checkpoint at its last step, and final/ is
+    hard links to its model files (ranks/final.py), but where the Trainer loads the best checkpoint at the end
+    (SFT_TRAINER_ARGS' load_best_model_at_end) and writes that model again."""
+    return not load_best_model_at_end
+
+
 def optimizer_of(ds_config: Mapping[str, Any], trainer_args: Mapping[str, Any], stage: Stage | None = None) -> str:
     """The optimizer the ranks will run: the option's (8-bit AdamW), else the DeepSpeed file's own, else
     SFT_TRAINER_ARGS' optim, else the Trainer's."""
@@ -96,9 +103,9 @@ def room_after_save(checkpoint_bytes: int, free_bytes: int, kept: int, save_tota
     more = max(min(kept + left, save_total_limit + 1) - kept, 0)
     needed = more * checkpoint_bytes + final_bytes
     gb = 1e9
+    final = f"the {final_bytes / gb:.3g} GB final model" if final_bytes else "final/ as links to the last one's files"
     shown = (f"a checkpoint takes {checkpoint_bytes / gb:.3g} GB on disk; {free_bytes / gb:.3g} GB free, the rest of "
-             f"the run needs {needed / gb:.3g} GB ({more} more checkpoint(s) at once and the "
-             f"{final_bytes / gb:.3g} GB final model)")
+             f"the run needs {needed / gb:.3g} GB ({more} more checkpoint(s) at once and {final})")
     if free_bytes >= needed:
         return True, shown
     return False, (f"{shown}: the disk would fill before the run ends, so it stops now, at this complete "

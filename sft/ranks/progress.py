@@ -292,11 +292,12 @@ def room_after(args, state, model, every: int, retired: int = 0) -> tuple[bool, 
     newest = out / f"checkpoint-{state.global_step}"
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
     size = folder_bytes(newest) + unwritten_bytes(newest)
+    final = 0 if disk.final_linked(args.load_best_model_at_end) else params * disk.weight_bytes(args.bf16)
 
     def verdict(uncounted: int = 0) -> tuple[bool, str]:
         return disk.room_after_save(size, free_after_writes(out, newest) + uncounted, len(all_checkpoints(out)),
                                     args.save_total_limit, disk.saves_left(state.global_step, state.max_steps, every),
-                                    params * disk.weight_bytes(args.bf16))
+                                    final)
 
     fits, message = verdict()
     if fits or not retired or not verdict(retired)[0]:
