@@ -59,3 +59,26 @@ def test_the_data_command_shows_the_tokens_that_carry_the_loss(tmp_path):
     tokens = run_entrypoint(env, "data", "--rows", "1", "--tokens")
     assert "    0       1        '<|im_start|>'" in tokens.stdout  # the first token: never predicted
     assert "  yes   '<|im_end|>'" in tokens.stdout
+
+
+def test_the_data_command_shows_a_long_row_as_its_start_and_end(tmp_path):
+    long = " ".join(f"w{i}" for i in range(40_000))  # 268,889 characters: whole, they flood the terminal
+    chats = [{"messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "ok"}]}]
+    path = write(tmp_path / "long.jsonl", chats + rows("messages", 8))
+    env = demo_env(tmp_path, dataset=str(path))
+    result = run_entrypoint(env, "data", "--rows", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = result.stdout.split("\nrow 1: ")[1].split("\nrow 2: ")
+    whole = f"<|im_start|>⟦user\n{long}<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n⟧"  # as the template renders
+    assert first.splitlines()[1:] == [*whole[:3_000].splitlines(),
+                                      f"… [{len(whole) - 4_000:,} characters left out] …",
+                                      *whole[-1_000:].splitlines()]
+    # a short row is shown whole, as before
+    assert second.splitlines()[1] == "<|im_start|>⟦system" and second.endswith("The coal is black.<|im_end|>\n⟧\n")
+    assert "left out" not in second
+    tokens = run_entrypoint(env, "data", "--rows", "1", "--tokens").stdout.split("\nrow 1: ")[1].splitlines()
+    assert len(tokens) == 1 + 1 + 400 + 1  # the row's line, the header, 400 tokens and the line saying what is cut
+    count = int(first.split()[0])  # "row 1: N tokens, ..."
+    assert tokens[301].startswith("  299 ") and tokens[303].startswith(f"{count - 100} ")
+    assert tokens[-1].startswith(f"{count - 1} ") and tokens[-1].endswith("'\\n'")  # the row's last token
+    assert tokens[302] == f"    … [{count - 400:,} tokens left out: #300 to #{count - 101}] …"

@@ -1,5 +1,6 @@
 """The first rows as the model sees them, for `entrypoint.py data`: the text of their tokens, with the tokens
-that carry the loss between ⟦ and ⟧ (or one token a line with --tokens). The labels are TRL's (tokens.py)."""
+that carry the loss between ⟦ and ⟧ (or one token a line with --tokens). The labels are TRL's (tokens.py).
+A long row is shown as its start and its end, with the length of what is left out between them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 OPEN, CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧: brackets no chat template or dataset is likely to hold
+
+# A row is shown whole up to SHOWN characters (or SHOWN_TOKENS lines with --tokens); a longer one, such as a document
+# of 200,000 characters that would flood the terminal, as its first HEAD and its last SHOWN - HEAD: the start shows
+# how the template opens a row, the end the last turn and where the loss stops.
+SHOWN, HEAD = 4_000, 3_000
+SHOWN_TOKENS, HEAD_TOKENS = 400, 300
 
 
 def render(rows: Dataset, labeller: Labeller, count: int, packing: bool, per_token: bool = False) -> str:
@@ -30,7 +37,7 @@ def render(rows: Dataset, labeller: Labeller, count: int, packing: bool, per_tok
             head += f"; {fate}: {cut} tokens dropped, {kept} carrying the loss left" + (
                 "; TRL then drops the row: nothing left to learn" if not packing and kept == 0 else "")
         out.append(head)
-        out.append(_tokens(labeller.tok, ids, labels) if per_token else _spans(labeller.tok, ids, labels))
+        out.append(_tokens(labeller.tok, ids, labels) if per_token else excerpt(_spans(labeller.tok, ids, labels)))
     return "\n".join(out)
 
 
@@ -38,6 +45,13 @@ def learned_labels(labels: list[int]) -> list[int]:
     """TRL's labels as the loss uses them: the first token is never predicted (the model shifts the labels by
     one; packed, TRL's collator masks each sequence's first token)."""
     return [IGNORED, *labels[1:]] if labels else labels
+
+
+def excerpt(text: str) -> str:
+    """The text whole, or for one over SHOWN characters its first HEAD and last SHOWN - HEAD, the rest counted."""
+    if len(text) <= SHOWN:
+        return text
+    return f"{text[:HEAD]}\n… [{len(text) - SHOWN:,} characters left out] …\n{text[HEAD - SHOWN:]}"
 
 
 def _spans(tok, ids: list[int], labels: list[int]) -> str:
@@ -54,7 +68,13 @@ def _spans(tok, ids: list[int], labels: list[int]) -> str:
 
 
 def _tokens(tok, ids: list[int], labels: list[int]) -> str:
-    lines = [f"{'#':>5} {'id':>7}  loss  token"]
-    for i, (token, label) in enumerate(zip(ids, labels, strict=True)):
-        lines.append(f"{i:>5} {token:>7}  {'yes ' if label != IGNORED else '    '}  {tok.decode([token])!r}")
-    return "\n".join(lines)
+    """One line a token; over SHOWN_TOKENS tokens, the first HEAD_TOKENS and the last SHOWN_TOKENS - HEAD_TOKENS."""
+    def line(i: int) -> str:
+        return f"{i:>5} {ids[i]:>7}  {'yes ' if labels[i] != IGNORED else '    '}  {tok.decode([ids[i]])!r}"
+
+    header, cut = f"{'#':>5} {'id':>7}  loss  token", len(ids) - SHOWN_TOKENS  # cut: the tokens left out
+    if cut <= 0:
+        return "\n".join([header, *map(line, range(len(ids)))])
+    return "\n".join([header, *map(line, range(HEAD_TOKENS)),
+                      f"    … [{cut:,} tokens left out: #{HEAD_TOKENS} to #{HEAD_TOKENS + cut - 1}] …",
+                      *map(line, range(HEAD_TOKENS + cut, len(ids)))])
