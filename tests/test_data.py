@@ -148,10 +148,10 @@ def test_files_that_cannot_be_read_are_named_with_the_line(tmp_path):
                                   "delimiter at column 13)"
 
 
-def read(tmp_path, **settings):
+def read(tmp_path, ranks: Ranks = TWO_CPU_RANKS, **settings):
     """The controller's data step on these settings (the demo model), or its DataError."""
     small = {"max_length": 128, "micro_batch": 1, **settings}  # the fixtures' few rows fill one step
-    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), TWO_CPU_RANKS)
+    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), ranks)
 
 
 def test_every_row_problem_of_every_source_at_once(tmp_path):
@@ -229,7 +229,12 @@ def test_too_few_rows_for_one_optimizer_step(tmp_path):
         read(tmp_path, dataset=str(path), packing=False, micro_batch=2, grad_accum=2)
     assert e.value.problems == [f"SFT_DATASET: 7 training row(s), and one optimizer step takes 8 (2 rank(s) x "
                                 "micro-batch 2 x accumulation 2): take fewer rows per step (SFT_TOKENS_PER_STEP, "
-                                "or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), use fewer GPUs, or bring more rows"]
+                                "or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), start fewer CPU ranks (SFT_CPU_RANKS), or "
+                                "bring more rows"]
+    # on GPUs a rank is a GPU: the advice names them (the data step reads no device, so it runs here too)
+    with pytest.raises(DataError) as e:
+        read(tmp_path, Ranks(2, (0, 1)), dataset=str(path), packing=False, micro_batch=2, grad_accum=2)
+    assert e.value.problems[0].endswith("and SFT_GRAD_ACCUM), use fewer GPUs, or bring more rows")
     # packed: the 7 short rows fill one row of 2048 tokens, and a step takes 2 x 4 x 1
     with pytest.raises(DataError) as e:
         read(tmp_path, dataset=str(path), max_length=2048, micro_batch=4)

@@ -253,9 +253,9 @@ def _token_checks(s: Settings, ranks: Ranks, found: Found) -> list[str]:
                 f"{groups} data-parallel group(s) of {seq} rank(s)") + (
         f" x micro-batch {split.micro_batch} x accumulation {split.grad_accum}")
     if s.packing:
-        problems += checks.too_few_packed(train, lengths, labeller, needed, per_step, "SFT_DATASET")
+        problems += checks.too_few_packed(train, lengths, labeller, needed, per_step, "SFT_DATASET", ranks.on_gpu)
     else:
-        problems += checks.too_few_rows(len(train), needed, per_step, "SFT_DATASET")
+        problems += checks.too_few_rows(len(train), needed, per_step, "SFT_DATASET", ranks.on_gpu)
         if evaluation is not None and len(evaluation):
             long, note = checks.all_too_long(evaluation, labeller, "evaluation")
             problems, notes = problems + long, notes + ([note] if note else [])

@@ -167,19 +167,22 @@ def chunks(rows: int):
         start, size = start + size, min(size * 2, LAST_CHUNK)
 
 
-FEWER = ("take fewer rows per step (SFT_TOKENS_PER_STEP, or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), use fewer GPUs, "
-         "or bring more rows")
+def fewer(on_gpu: bool) -> str:
+    """What fits one optimizer step in the rows. A rank a GPU; with no GPU, SFT_CPU_RANKS says how many ranks."""
+    ranks = "use fewer GPUs" if on_gpu else "start fewer CPU ranks (SFT_CPU_RANKS)"
+    return (f"take fewer rows per step (SFT_TOKENS_PER_STEP, or SFT_MICRO_BATCH and SFT_GRAD_ACCUM), {ranks}, "
+            "or bring more rows")
 
 
-def too_few_rows(rows: int, needed: int, per_step: str, label: str) -> list[str]:
+def too_few_rows(rows: int, needed: int, per_step: str, label: str, on_gpu: bool) -> list[str]:
     """Unpacked: one optimizer step takes `needed` rows."""
     if rows >= needed:
         return []
-    return [f"{label}: {rows} training row(s), and one optimizer step takes {needed} ({per_step}): {FEWER}"]
+    return [f"{label}: {rows} training row(s), and one optimizer step takes {needed} ({per_step}): {fewer(on_gpu)}"]
 
 
 def too_few_packed(dataset: Dataset, lengths: list[int], labeller: Labeller, needed: int, per_step: str,
-                   label: str) -> list[str]:
+                   label: str, on_gpu: bool) -> list[str]:
     """Packed: one step takes `needed` rows of max_length tokens. Rows holding that many tokens (`lengths`, each
     row's, as the long-row count measured them) pack into at least as many rows; else all of them are packed as
     TRL packs them."""
@@ -192,7 +195,8 @@ def too_few_packed(dataset: Dataset, lengths: list[int], labeller: Labeller, nee
     if packed >= needed:
         return []
     return [f"{label}: its {len(dataset)} training rows ({tokens} tokens) pack into {packed} row(s) of "
-            f"SFT_MAX_LENGTH={labeller.max_length} tokens, and one optimizer step takes {needed} ({per_step}): {FEWER}"]
+            f"SFT_MAX_LENGTH={labeller.max_length} tokens, and one optimizer step takes {needed} ({per_step}): "
+            f"{fewer(on_gpu)}"]
 
 
 def all_too_long(dataset: Dataset, labeller: Labeller, label: str) -> tuple[list[str], str | None]:
