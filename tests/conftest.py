@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,15 @@ def demo_env(tmp_path: Path, **settings: object) -> dict[str, str]:
     env.update(SFT_MODEL=str(DEMO_MODEL), SFT_DATASET=str(DEMO_DATA), SFT_OUTPUT_DIR=str(tmp_path / "out"))
     env.update({f"SFT_{k.upper()}": str(v) for k, v in settings.items()})
     return env
+
+
+def without_pad_token(folder: Path) -> Path:
+    """A copy of the demo model whose tokenizer has no pad token (as many base models' have none)."""
+    shutil.copytree(DEMO_MODEL, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["pad_token"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
 
 
 def run_entrypoint(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@ problem at once, exit 2, nothing written; `data` shows the first rows with the t
 
 from __future__ import annotations
 
-from conftest import DEMO_MODEL, demo_env, run_entrypoint
+from conftest import DEMO_MODEL, demo_env, run_entrypoint, without_pad_token
 from data_fixtures import rows, write
 
 MARKED = DEMO_MODEL.parent / "chatml-assistant-mask.jinja"
@@ -52,6 +52,7 @@ def test_the_data_command_shows_the_tokens_that_carry_the_loss(tmp_path):
     assert first[0] == f"data: SFT_DATASET: conversational language modeling, 30 rows from {path}"
     assert first[1].startswith("data: long rows: none of the 30 training rows is longer than SFT_MAX_LENGTH=128 ")
     assert first[2] == "loss on: assistant turns only (SFT_LOSS_ON)"
+    assert "pad token" not in result.stdout  # the demo's tokenizer has one
     # the first row opens with a system turn: context, as the user's; each assistant turn is learned
     assert ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nRepeat after me: coal plum<|im_end|>\n"
             "<|im_start|>assistant\n⟦coal plum<|im_end|>⟧\n") in result.stdout
@@ -82,3 +83,15 @@ def test_the_data_command_shows_a_long_row_as_its_start_and_end(tmp_path):
     assert tokens[301].startswith("  299 ") and tokens[303].startswith(f"{count - 100} ")
     assert tokens[-1].startswith(f"{count - 1} ") and tokens[-1].endswith("'\\n'")  # the row's last token
     assert tokens[302] == f"    … [{count - 400:,} tokens left out: #300 to #{count - 101}] …"
+
+
+def test_a_tokenizer_without_a_pad_token_is_said_to_pad_with_its_eos(tmp_path):
+    path = write(tmp_path / "chat.jsonl", rows("messages", 30))
+    env = demo_env(tmp_path, model=without_pad_token(tmp_path / "no-pad"), dataset=path, max_length=128,
+                   micro_batch=1)
+    result = run_entrypoint(env, "data", "--rows", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stdout.splitlines() if "pad token" in line] == [
+        "data: pad token: the tokenizer has none, so TRL sets its end-of-sequence token '<|im_end|>' (id 2) as the pad "
+        "token, and the saved model and tokenizer keep it; padding carries no loss, so the tokens learned are the same "
+        "(to pad with another token, set pad_token in the model's tokenizer_config.json)"]

@@ -13,10 +13,10 @@ import shutil
 import pytest
 import torch
 
-from conftest import DEMO_MODEL
+from conftest import DEMO_MODEL, without_pad_token
 from data_fixtures import rows
 from sft.data import show
-from sft.data.tokens import IGNORED, Labeller, in_memory, tokenizer
+from sft.data.tokens import IGNORED, Labeller, in_memory, pad_note, tokenizer
 
 pytestmark = pytest.mark.usefixtures("offline")  # TRL's SFTTrainer looks the model up on the Hub otherwise
 
@@ -24,7 +24,7 @@ MARKED = DEMO_MODEL.parent / "chatml-assistant-mask.jinja"
 END = "<|im_end|>"
 
 
-def real_trainer(tmp_path, data, loss_on: str, packing: bool, chat_template=None):
+def real_trainer(tmp_path, data, loss_on: str, packing: bool, chat_template=None, model=DEMO_MODEL):
     """TRL's SFTTrainer on the tiny model as the ranks build it (without DeepSpeed): its prepared rows."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -33,7 +33,7 @@ def real_trainer(tmp_path, data, loss_on: str, packing: bool, chat_template=None
                      bf16=False, use_cpu=True, per_device_train_batch_size=2,
                      assistant_only_loss=loss_on == "assistant", completion_only_loss=loss_on == "completion",
                      chat_template_path=chat_template)
-    return SFTTrainer(model=str(DEMO_MODEL), args=args, train_dataset=Dataset.from_list(data))
+    return SFTTrainer(model=str(model), args=args, train_dataset=Dataset.from_list(data))
 
 
 def ours(data, loss_on: str, packing: bool, chat_template=None):
@@ -136,3 +136,16 @@ def test_the_data_command_marks_the_labelled_runs():
     prompt, completion = data[0]["prompt"], data[0]["completion"]
     assert f"{prompt}{show.OPEN}{completion}{END}{show.CLOSE}" in shown
     assert "row 1: " in shown and "carry the loss; it is cut to its first 12 (SFT_MAX_LENGTH)" in shown
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_as_the_log_says(tmp_path):
+    model = without_pad_token(tmp_path / "no-pad")
+    tok = tokenizer(str(model), None, None)
+    eos = tok.convert_tokens_to_ids(END)
+    assert f"end-of-sequence token '{END}' (id {eos}) as the pad token" in pad_note(tok, {})
+    trainer = real_trainer(tmp_path, rows("messages", 2), "all", packing=False, model=model)
+    # TRL's choice, on the tokenizer and on the model's configs that save_model writes (not the config's own 0)
+    assert trainer.processing_class.pad_token == END
+    assert trainer.model.config.pad_token_id == trainer.model.generation_config.pad_token_id == eos != 0
+    assert pad_note(tokenizer(str(DEMO_MODEL), None, None), {}) is None  # the demo's has one: <|endoftext|>
+    assert pad_note(tok, {"pad_token": "<|endoftext|>"}) is None  # SFT_TRAINER_ARGS' (deprecated in TRL) is used

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..data import DataError, checks, shapes
 from ..data.empty import WHAT
+from ..data.tokens import pad_note
 from ..settings.entries import looks_local, parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
@@ -75,6 +76,7 @@ def read(s: Settings, ranks: Ranks) -> Found:
         evaluation = (evaluation[0], _without_empty(s, *evaluation, "SFT_EVAL_DATASET")[0])
     found = _assemble(s, facts, loaded, shape, evaluation)
     found.tokenizer, found.loss_on, found.empty_dropped = tok, loss, dropped
+    found.notes += [note] if (note := pad_note(tok, s.extra_trainer_args)) else []
     if dropped:
         found.notes.append(f"data: SFT_DATASET: {dropped:,} row(s) teach nothing ({WHAT}) and are left out "
                            "(SFT_EMPTY_ROWS=drop)")

@@ -56,6 +56,19 @@ def tokenizer(model: str, revision: str | None, chat_template: str | None, trust
     return tok
 
 
+def pad_note(tok, trainer_args: dict[str, Any]) -> str | None:
+    """The log line for a tokenizer with no pad token, which TRL pads with its end-of-sequence token instead, on the
+    tokenizer and the model's configs alike (SFTTrainer.__init__: args.pad_token or the tokenizer's, else its eos,
+    after args.eos_token replaced that): silent there, yet the saved model's pad_token_id changes. None: nothing set."""
+    eos = trainer_args.get("eos_token") or tok.eos_token
+    if trainer_args.get("pad_token") or tok.pad_token or not eos:  # no eos either: TRL refuses to start (its error)
+        return None
+    return (f"data: pad token: the tokenizer has none, so TRL sets its end-of-sequence token {eos!r} (id "
+            f"{tok.convert_tokens_to_ids(eos)}) as the pad token, and the saved model and tokenizer keep it; padding "
+            "carries no loss, so the tokens learned are the same (to pad with another token, set pad_token in the "
+            "model's tokenizer_config.json)")
+
+
 def training_template(tok) -> str | None:
     """The template SFTTrainer renders assistant masks with (SFTTrainer.__init__): the model's own if it has
     {% generation %} markers (None), else TRL's training version of a template it knows (raises ValueError
