@@ -124,7 +124,8 @@ def config(gpus: int | None, gpu_memory: float | None, host_memory: float | None
 
 
 @cli.command()
-@click.option("--rows", default=2, show_default=True, help="How many of the first rows to show.")
+@click.option("--rows", default=2, show_default=True, type=click.IntRange(min=0),
+              help="How many of the first rows to show (0: the checks alone).")
 @click.option("--tokens", "per_token", is_flag=True, help="One line per token: its id, text, and whether it "
               "carries the loss.")
 @click.option("--eval", "of_eval", is_flag=True, help="The evaluation rows instead of the training rows.")

@@ -60,6 +60,9 @@ def test_the_data_command_shows_the_tokens_that_carry_the_loss(tmp_path):
     tokens = run_entrypoint(env, "data", "--rows", "1", "--tokens")
     assert "    0       1        '<|im_start|>'" in tokens.stdout  # the first token: never predicted
     assert "  yes   '<|im_end|>'" in tokens.stdout
+    checks_alone = run_entrypoint(env, "data", "--rows", "0")  # before: TRL's StopIteration, a traceback
+    assert checks_alone.returncode == 0 and checks_alone.stdout.rstrip().endswith("loss on: assistant turns only "
+                                                                                  "(SFT_LOSS_ON)"), checks_alone.stderr
 
 
 def test_the_data_command_shows_a_long_row_as_its_start_and_end(tmp_path):

@@ -149,8 +149,9 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
     shown = found.eval if of_eval else found.train
     if shown is None:
         raise click.UsageError("no evaluation rows: set SFT_EVAL_DATASET, SFT_EVAL_SPLIT or SFT_EVAL_FRACTION")
-    labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, s.extra_trainer_args)
-    click.echo(show.render(shown, labeller, rows, s.packing, per_token))
+    if rows:  # TRL's tokenisation of no rows fails (StopIteration): --rows 0 asks for the checks alone
+        labeller = Labeller(found.tokenizer, found.loss_on, s.max_length, s.extra_trainer_args)
+        click.echo(show.render(shown, labeller, rows, s.packing, per_token))
 
 
 def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnodes: int, host_memory: float | None,
