@@ -6,6 +6,7 @@ train on it through the same code):
                 through its compression (.gz, .bz2, .xz)
     shapes.py   which of TRL's dataset shapes the rows have, by TRL's own rules
     alpaca.py   Alpaca's instruction/input/output rows as TRL's conversational prompt/completion
+    system.py   a 'system' column beside conversations (ShareGPT's) as their first message
     checks.py   every problem in the rows, one line each
     tokens.py   the rows tokenised and labelled as TRL's SFTTrainer does it, outside the Trainer
     longrows.py the rows longer than SFT_MAX_LENGTH, counted once (SFT_LONG_ROWS: truncate, drop, error)

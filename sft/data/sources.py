@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..handoff import DataPlan, DataSource
-from . import alpaca, files
+from . import alpaca, files, system
 from .shapes import SHAREGPT, Shape
 from ..settings.entries import LOADERS, Entry, data_suffix, is_data_file
 from . import DataError
@@ -74,9 +74,9 @@ def load_all(sources: list[DataSource], var: str, drop_empty: bool = False) -> l
 
 def load(source: DataSource, var: str = "SFT_DATASET") -> Dataset:
     """One source's split as a Dataset (raises DataError with one line naming it and what is wrong); Alpaca's rows
-    as conversational prompt/completion (alpaca.py)."""
-    dataset = _load(source, var)
-    return alpaca.as_prompt_completion(dataset, f"{var}: {source.path}") if alpaca.is_alpaca(dataset) else dataset
+    as conversational prompt/completion (alpaca.py); a system column as the conversations' first turn (system.py)."""
+    dataset, label = _load(source, var), f"{var}: {source.path}"
+    return alpaca.as_prompt_completion(dataset, label) if alpaca.is_alpaca(dataset) else system.folded(dataset, label)
 
 
 def _load(source: DataSource, var: str) -> Dataset:
