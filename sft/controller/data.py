@@ -67,7 +67,8 @@ def read(s: Settings, ranks: Ranks) -> Found:
         problems.append(str(e))
         loss = s.loss_on  # the rows are still checked for what the user asked
     problems += _row_problems(train, loaded, shape, loss, "SFT_DATASET", s.empty_rows)
-    evaluation = _eval_sources(s, facts, shape, loss, problems)
+    problems += template.tool_problems(s, tok, loss, shape, _of_shape(train, loaded, shape, "SFT_DATASET"))
+    evaluation = _eval_sources(s, facts, shape, loss, problems, tok)
     problems += template.problems(s, tok)
     if problems:
         raise DataError(problems)
@@ -167,11 +168,14 @@ def _one_shape(loaded: list, sources: list[DataSource], var: str, problems: list
 def _row_problems(sources: list[DataSource], loaded: list, shape: shapes.Shape, loss: str, var: str,
                   empty_rows: str = "error") -> list[str]:
     """The rows' problems, in each source that loaded with the shape (the others' problem is said already)."""
-    found = []
-    for source, dataset in zip(sources, loaded, strict=True):
-        if dataset is not None and shapes.shape_of(dataset) == shape:
-            found += checks.row_problems(dataset, shape, f"{var}: {source.path}", loss, empty_rows)
-    return found
+    return [p for label, dataset in _of_shape(sources, loaded, shape, var)
+            for p in checks.row_problems(dataset, shape, label, loss, empty_rows)]
+
+
+def _of_shape(sources: list[DataSource], loaded: list, shape: shapes.Shape, var: str) -> list[tuple[str, Dataset]]:
+    """(its label, its rows) of each source that loaded with the shape."""
+    return [(f"{var}: {source.path}", dataset) for source, dataset in zip(sources, loaded, strict=True)
+            if dataset is not None and shapes.shape_of(dataset) == shape]
 
 
 def _tokenizer(s: Settings, shape: shapes.Shape | None, problems: list[str]):
@@ -198,7 +202,7 @@ def _marks(tok, s: Settings) -> bool | None:
     return marks_assistant(tok) if tok is not None and tok.chat_template and s.loss_on == "assistant" else None
 
 
-def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str, problems: list[str]):
+def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str, problems: list[str], tok=None):
     """SFT_EVAL_DATASET's or SFT_EVAL_SPLIT's sources, loaded and checked as the training's; (sources,
     datasets), or None when the evaluation rows are held out of the training rows, or there are none."""
     sources, _, _ = data_rules.evaluation(s, list(facts.train))
@@ -211,6 +215,7 @@ def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str,
         problems.append(f"{var}: the evaluation data is {eval_shape.name} and the training data {shape.name}: "
                         "evaluate on data of the training's shape")
     problems += _row_problems(sources, loaded, shape, loss, var, s.empty_rows)
+    problems += template.tool_problems(s, tok, loss, shape, _of_shape(sources, loaded, shape, var))
     return sources, loaded
 
 

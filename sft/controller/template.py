@@ -9,12 +9,16 @@ the row that fails is then found by halving the rows, so the message names it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..data import DataError
+from ..data import DataError, checks
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from ..data.shapes import Shape
     from ..settings import Settings
 
 T = TypeVar("T")
@@ -43,6 +47,103 @@ def problems(s: Settings, tok) -> list[str]:
         except jinja2.TemplateError as e:
             found.append(f"{owner(s)}: {which} cannot be compiled ({type(e).__name__}: {e}): fix the template")
     return found
+
+
+def tool_problems(s: Settings, tok, loss_on: str, shape: Shape, sources: list[tuple[str, Dataset]]) -> list[str]:
+    """Tool calls and tools' definitions in the rows that the chat template renders as nothing (ChatML's, the demo's
+    before, renders a message's content alone): TRL would train on the text without them, silently. Told by
+    rendering one row that has them, as TRL renders it, with each call's name and arguments made marks of their
+    own: a template that renders calls shows the marks, and one that renders tools changes the text with them."""
+    if tok is None or not tok.chat_template or not shape.conversational:
+        return []
+    template = _training_template(tok, loss_on)
+    found, lost = [], {}
+    for label, dataset in sources:
+        calls, defined = checks.tool_rows(dataset, shape)
+        if calls and "calls" not in lost:
+            lost["calls"] = _lost_calls(tok, template, _conversation(dataset[calls[0]], shape))
+        if defined and "tools" not in lost:
+            lost["tools"] = _lost_tools(tok, template, _conversation(dataset[defined[0]], shape))
+        if calls and lost["calls"]:
+            found.append(f"{owner(s)}: its chat template renders {lost['calls']}, and {label} has {len(calls)} row(s) "
+                         f"with them ({checks.rows_named(calls)}): the model would be trained on those turns without "
+                         "their calls. Set SFT_CHAT_TEMPLATE to a template that renders tool_calls (Qwen3's does: "
+                         "<tool_call> and the call as JSON), or remove the calls")
+        if defined and lost["tools"]:
+            found.append(f"{owner(s)}: its chat template renders no tool definitions (the 'tools' column), and {label} "
+                         f"has {len(defined)} row(s) with them ({checks.rows_named(defined)}): the model would be "
+                         "trained without them. Set SFT_CHAT_TEMPLATE to a template that renders tools (Qwen3's "
+                         "does, in the system turn), or remove the column")
+    return found
+
+
+def _training_template(tok, loss_on: str) -> str | None:
+    """The template TRL renders the rows with: the marked one when the assistant's tokens alone are learned."""
+    from ..data.tokens import training_template
+
+    try:
+        return training_template(tok) if loss_on == "assistant" else None
+    except ValueError:  # no marked version: the loss mode's own check says so
+        return None
+
+
+def _conversation(row: dict, shape: Shape) -> tuple[list[dict], dict]:
+    """The row's messages as the template gets them (role and content, ShareGPT's names given as sources.combine
+    gives them), and the other arguments TRL passes (tools, chat_template_kwargs)."""
+    messages = []
+    for m in (m for column in shape.message_columns for m in row[column] or [] if isinstance(m, dict)):
+        role = m.get(shape.role_key)
+        rest = {k: v for k, v in m.items() if k not in (shape.role_key, shape.content_key)}
+        messages.append({**rest, "role": shape.roles.get(role, role), "content": m.get(shape.content_key)})
+    return messages, {"tools": row.get("tools"), **(row.get("chat_template_kwargs") or {})}
+
+
+def _render(tok, template: str | None, conversation: tuple[list[dict], dict]) -> str | None:
+    """The text of the conversation; None where the template fails on it (the tokenisation's check names that)."""
+    messages, arguments = conversation
+    try:
+        return tok.apply_chat_template(messages, chat_template=template, tokenize=False, **arguments)
+    except Exception:  # noqa: BLE001 - the row is rendered again by TRL, whose failure is named with its row
+        return None
+
+
+def _lost_calls(tok, template: str | None, conversation: tuple[list[dict], dict]) -> str | None:
+    """What the template renders of the tool calls, where it leaves out their names or arguments (None: nothing
+    left out, or the template fails on the row)."""
+    messages, arguments = conversation
+    marked = [{**m, "tool_calls": [_marked(c, f"sftcheck{i}x{j}") for j, c in enumerate(m["tool_calls"])]}
+              if isinstance(m.get("tool_calls"), list) else m for i, m in enumerate(messages)]
+    marks = [f"sftcheck{i}x{j}" for i, m in enumerate(marked) for j, c in enumerate(m.get("tool_calls") or [])
+             if isinstance(c, dict)]
+    if (text := _render(tok, template, (marked, arguments))) is None:
+        return None
+    names = all(f"{mark}name" in text for mark in marks)
+    given = all(f"{mark}key" in text and f"{mark}value" in text for mark in marks)
+    if names and given:
+        return None
+    return "tool calls without their names" if given else "tool calls without their arguments" if names else \
+        "no tool calls (an assistant message's 'tool_calls')"
+
+
+def _marked(call, mark: str):
+    """The call with its name and arguments made marks found nowhere else in the text (a string of JSON where the
+    arguments were one)."""
+    def function(f: dict) -> dict:
+        arguments = {f"{mark}key": f"{mark}value"}
+        return {**f, "name": f"{mark}name",
+                "arguments": json.dumps(arguments) if isinstance(f.get("arguments"), str) else arguments}
+
+    if isinstance(call, dict) and isinstance(call.get("function"), dict):  # OpenAI's {"type", "function": {...}}
+        return {**call, "function": function(call["function"])}
+    return function(call) if isinstance(call, dict) else call
+
+
+def _lost_tools(tok, template: str | None, conversation: tuple[list[dict], dict]) -> bool:
+    """Whether the template renders the conversation the same with its tools and without them."""
+    messages, arguments = conversation
+    with_tools, without = _render(tok, template, conversation), _render(tok, template, (messages, {**arguments,
+                                                                                                   "tools": None}))
+    return with_tools is not None and with_tools == without
 
 
 def guarded(check: Callable[[], T], s: Settings, found) -> T:

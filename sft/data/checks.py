@@ -65,18 +65,14 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    kind = col.type
-    item = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
-    as_json = isinstance(item, pa.JsonType)  # datasets keeps messages of differing keys as JSON text
-    if item is None or not (as_json or (pa.types.is_struct(item) and item.get_field_index(shape.role_key) >= 0)):
-        return [f"{label}: {column!r} holds {kind}, not lists of messages with a {shape.role_key!r}"]
+    if (messages := _flat(col, shape.role_key)) is None:
+        return [f"{label}: {column!r} holds {col.type}, not lists of messages with a {shape.role_key!r}"]
+    flat, parents, parsed, item = messages
     found = []
     lengths = pc.list_value_length(col)
     if empty := _where(pc.or_kleene(lengths.is_null(), pc.equal(lengths, 0))):
         found.append(f"{label}: {len(empty)} empty conversation(s) in {column!r} ({rows_named(empty)}): remove them")
-    flat, parents = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy()
-    parsed = [json.loads(m) if m is not None else None for m in flat.storage.to_pylist()] if as_json else None
-    roles = pa.array([_role(m, shape.role_key) for m in parsed], pa.string()) if as_json \
+    roles = pa.array([_role(m, shape.role_key) for m in parsed], pa.string()) if parsed is not None \
         else pc.struct_field(flat, shape.role_key)
     for alias, role in shape.aliases:  # ShareGPT's human and gpt: what sources.combine gives the template
         roles = pc.if_else(pc.fill_null(pc.equal(roles, alias), False), pa.scalar(role), roles)
@@ -99,6 +95,52 @@ def _messages(col: pa.Array, column: str, shape: Shape, label: str, need_assista
     return found
 
 
+def _flat(col: pa.Array, role_key: str):
+    """(every row's messages in one array, the row of each, the messages read where they are JSON text (else None),
+    their Arrow type); None where the column holds no lists of messages with a role."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = col.type
+    item = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+    as_json = isinstance(item, pa.JsonType)  # datasets keeps messages of differing keys as JSON text
+    if item is None or not (as_json or (pa.types.is_struct(item) and item.get_field_index(role_key) >= 0)):
+        return None
+    flat, parents = pc.list_flatten(col), pc.list_parent_indices(col).to_numpy()
+    parsed = [json.loads(m) if m is not None else None for m in flat.storage.to_pylist()] if as_json else None
+    return flat, parents, parsed, item
+
+
+def _calls(flat, parsed, item) -> list[bool]:
+    """Whether each message carries a tool call (a non-empty 'tool_calls')."""
+    import pyarrow.compute as pc
+
+    if parsed is not None:
+        return [bool(m.get("tool_calls")) if isinstance(m, dict) else False for m in parsed]
+    if item.get_field_index("tool_calls") < 0:
+        return [False] * len(flat)
+    return pc.fill_null(pc.greater(pc.list_value_length(pc.struct_field(flat, "tool_calls")), 0), False).to_pylist()
+
+
+def tool_rows(dataset: Dataset, shape: Shape) -> tuple[list[int], list[int]]:
+    """(the rows with a tool call in a message, the rows with tools defined in a 'tools' column), counted from 0."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    calls: set[int] = set()
+    for column in shape.message_columns:
+        if (messages := _flat(table.column(column).combine_chunks(), shape.role_key)) is not None:
+            flat, parents, parsed, item = messages
+            calls.update(int(parents[i]) for i, called in enumerate(_calls(flat, parsed, item)) if called)
+    if "tools" not in table.column_names:
+        return sorted(calls), []
+    tools = table.column("tools").combine_chunks()
+    listed = pa.types.is_list(tools.type) or pa.types.is_large_list(tools.type)
+    given = pc.fill_null(pc.greater(pc.list_value_length(tools), 0), False) if listed else tools.is_valid()
+    return sorted(calls), _where(given)
+
+
 def _contents(flat, parsed, parents, roles, item, shape: Shape, where: str) -> list[str]:
     """Messages whose content no chat template renders: null or missing (an assistant's aside: empty.py), or
     a list of parts (OpenAI's [{"type": "text", ...}]), which Qwen3's template renders as nothing, silently, and
@@ -108,9 +150,9 @@ def _contents(flat, parsed, parents, roles, item, shape: Shape, where: str) -> l
     import pyarrow.compute as pc
 
     key = shape.content_key
+    calls = _calls(flat, parsed, item)
     if parsed is not None:
         contents = [m.get(key) if isinstance(m, dict) else None for m in parsed]
-        calls = [bool(m.get("tool_calls")) if isinstance(m, dict) else False for m in parsed]
     else:
         has = item.get_field_index(key) >= 0
         field = pc.struct_field(flat, key) if has else pa.nulls(len(flat))
@@ -120,8 +162,6 @@ def _contents(flat, parsed, parents, roles, item, shape: Shape, where: str) -> l
             contents = [None if n else "" for n in field.is_null().to_pylist()]
         else:
             contents = field.to_pylist()
-        calls = (pc.fill_null(pc.greater(pc.list_value_length(pc.struct_field(flat, "tool_calls")), 0), False)
-                 .to_pylist() if item.get_field_index("tool_calls") >= 0 else [False] * len(flat))
     roles = roles.to_pylist()
     # an assistant's turn without content is a row that teaches nothing (empty.py: SFT_EMPTY_ROWS may drop it)
     absent = [c is None and not calls[i] and roles[i] != "assistant" for i, c in enumerate(contents)]

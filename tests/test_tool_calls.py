@@ -1,0 +1,91 @@
+"""Tool calls and tools' definitions a chat template renders as nothing are refused before any rank starts, naming
+the rows and the fix; the demo's template renders them as Qwen3's does. Before, the demo's ChatML template rendered
+an assistant's tool call as an empty turn and the tools not at all, and the job trained on that, silently."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import DEMO_MODEL, demo_env, run_entrypoint
+from data_fixtures import write
+from sft.controller import data as data_step
+from sft.data import DataError
+from sft.planner.inputs import Ranks
+from sft.settings import Settings
+
+# the demo's template before: a message's content alone, whatever else the message carries
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' "
+          "+ '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(autouse=True)
+def own_cache(isolated_env):
+    """datasets' cache under tmp_path, offline (isolated_env)."""
+
+
+def read(tmp_path, **settings):
+    small = {"max_length": 512, "micro_batch": 1, **settings}
+    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), Ranks(2, ()))
+
+
+def problems(tmp_path, **settings) -> list[str]:
+    with pytest.raises(DataError) as e:
+        read(tmp_path, **settings)
+    return e.value.problems
+
+
+def chat(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"Hello {i}"}, {"role": "assistant", "content": f"Hi {i}."}]}
+
+
+def called(i: int, arguments: object = None, tools: bool = False) -> dict:
+    call = {"type": "function", "function": {"name": "get_weather",
+                                             "arguments": {"city": "Paris"} if arguments is None else arguments}}
+    row = {"messages": [{"role": "user", "content": f"Weather in Paris {i}?"},
+                        {"role": "assistant", "content": "", "tool_calls": [call]},
+                        {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}]}
+    return {**row, "tools": [TOOL]} if tools else row
+
+
+def template(tmp_path, text: str) -> str:
+    (tmp_path / "t.jinja").write_text(text)
+    return str(tmp_path / "t.jinja")
+
+
+def test_the_real_data_command_refuses_tool_calls_the_template_drops(tmp_path):
+    data = [chat(i) for i in range(30)]
+    for i in (4, 9, 20, 27):
+        data[i] = called(i, tools=True)
+    path = write(tmp_path / "tools.jsonl", data)
+    chatml = template(tmp_path, CHATML)
+    done = run_entrypoint(demo_env(tmp_path, dataset=path, chat_template=chatml), "data", timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (f"SFT_CHAT_TEMPLATE={chatml!r}: its chat template renders no tool calls (an assistant message's "
+            f"'tool_calls'), and SFT_DATASET: {path} has 4 row(s) with them (rows 5, 10, 21 and 1 more): the model "
+            "would be trained on those turns without their calls. Set SFT_CHAT_TEMPLATE to a template that renders "
+            "tool_calls (Qwen3's does: <tool_call> and the call as JSON), or remove the calls") in done.stderr
+    assert (f"its chat template renders no tool definitions (the 'tools' column), and SFT_DATASET: {path} has 4 "
+            "row(s) with them (rows 5, 10, 21 and 1 more)") in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_template_that_drops_the_arguments_is_named_and_json_text_arguments_are_read(tmp_path):
+    names_only = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
+                  "<call {{ c.function.name }}>{% endfor %}<|im_end|>\n{% endfor %}")
+    path = write(tmp_path / "tools.jsonl", [called(i, arguments=json.dumps({"city": "Paris"})) for i in range(20)])
+    chat_template = template(tmp_path, names_only)
+    (found,) = problems(tmp_path, dataset=str(path), chat_template=chat_template)
+    assert found.startswith(f"SFT_CHAT_TEMPLATE={chat_template!r}: its chat template renders tool calls without their "
+                            f"arguments, and SFT_DATASET: {path} has 20 row(s) with them (rows 1, 2, 3 and 17 more)")
+
+
+def test_tool_calls_in_the_evaluation_rows_are_named_too(tmp_path):
+    train = write(tmp_path / "train.jsonl", [chat(i) for i in range(20)])
+    evaluation = write(tmp_path / "eval.jsonl", [chat(0), called(1)])
+    (found,) = problems(tmp_path, dataset=str(train), eval_dataset=str(evaluation),
+                        chat_template=template(tmp_path, CHATML))
+    assert f"and SFT_EVAL_DATASET: {evaluation} has 1 row(s) with them (row 2)" in found
