@@ -73,6 +73,30 @@ def test_the_real_data_command_refuses_tool_calls_the_template_drops(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_demo_template_renders_tool_calls_as_qwen3_does(tmp_path):
+    path = write(tmp_path / "tools.jsonl", [called(i, tools=True) for i in range(20)])
+    done = run_entrypoint(demo_env(tmp_path, dataset=path, packing="false"), "data", "--rows", "1", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = done.stdout.replace("⟦", "").replace("⟧", "")
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>") in shown
+    assert f"<tools>\n{json.dumps(TOOL)}\n</tools>" in shown
+
+
+def test_the_demo_template_renders_plain_conversations_as_the_chatml_one_did():
+    """The measurements made on the demo (losses, speeds) stay comparable."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    rows = [json.loads(line)["messages"] for line in (DEMO_MODEL.parent / "chat.jsonl").read_text().splitlines()[:50]]
+    rows.append([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": "Hello."}, {"role": "system", "content": "Later."}])
+    for messages in rows:
+        for prompt in (False, True):
+            assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt) == \
+                tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt, chat_template=CHATML)
+
+
 def test_a_template_that_drops_the_arguments_is_named_and_json_text_arguments_are_read(tmp_path):
     names_only = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
                   "<call {{ c.function.name }}>{% endfor %}<|im_end|>\n{% endfor %}")
@@ -81,6 +105,7 @@ def test_a_template_that_drops_the_arguments_is_named_and_json_text_arguments_ar
     (found,) = problems(tmp_path, dataset=str(path), chat_template=chat_template)
     assert found.startswith(f"SFT_CHAT_TEMPLATE={chat_template!r}: its chat template renders tool calls without their "
                             f"arguments, and SFT_DATASET: {path} has 20 row(s) with them (rows 1, 2, 3 and 17 more)")
+    assert read(tmp_path, dataset=str(path)).facts.rows == 20  # the demo's renders a string of JSON as it is
 
 
 def test_tool_calls_in_the_evaluation_rows_are_named_too(tmp_path):
