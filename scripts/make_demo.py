@@ -13,9 +13,15 @@ from pathlib import Path
 
 import click
 
-# Qwen3's chat template without its thinking: the tiny model formats "messages" the way Qwen3 does, tool calls
-# (<tool_call> and the call as JSON), tool responses and the tools' definitions included
-CHAT_TEMPLATE = r"""{%- if tools %}
+# Qwen3's chat template without its thinking (its first lines say why it is not byte for byte the same): the tiny
+# model formats "messages" the way Qwen3 does, tool calls (<tool_call> and the call as JSON), tool responses and the
+# tools' definitions included
+CHAT_TEMPLATE = r"""{#- The demo's template: Qwen3's without its thinking, as Qwen3-Instruct-2507 ships it (TRL's copy:
+    trl/chat_templates/qwen3_instruct_2507.jinja), so that tool calls, tool results and tools render as Qwen3's.
+    This comment keeps it from being that template to TRL, which would swap in its own version marking the assistant's
+    tokens: the demo stands for a model whose template TRL cannot mark (SFT_LOSS_ON=assistant then needs
+    SFT_CHAT_TEMPLATE, demo/chatml-assistant-mask.jinja), as the tests and docs use it. -#}
+{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0].role == 'system' %}
         {{- messages[0].content + '\n\n' }}

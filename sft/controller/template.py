@@ -53,7 +53,9 @@ def tool_problems(s: Settings, tok, loss_on: str, shape: Shape, sources: list[tu
     """Tool calls and tools' definitions in the rows that the chat template renders as nothing (ChatML's, the demo's
     before, renders a message's content alone): TRL would train on the text without them, silently. Told by
     rendering one row that has them, as TRL renders it, with each call's name and arguments made marks of their
-    own: a template that renders calls shows the marks, and one that renders tools changes the text with them."""
+    own: a template that renders calls shows the marks, and one that renders tools changes the text with them.
+    TRL's supports_tool_calling asks the same of a made-up exchange, for its training templates only; a row of the
+    data keeps what the template may need of it (call ids, the tools, chat_template_kwargs)."""
     if tok is None or not tok.chat_template or not shape.conversational:
         return []
     template = _training_template(tok, loss_on)
