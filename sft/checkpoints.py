@@ -79,6 +79,11 @@ def problem(checkpoint: Path) -> str | None:
     return None
 
 
+def complete(output_dir: Path) -> list[Path]:
+    """The complete checkpoints, oldest first."""
+    return [c for c in all_checkpoints(output_dir) if problem(c) is None]
+
+
 def latest_complete(output_dir: Path) -> Path | None:
     """The newest complete checkpoint, warning about newer torn ones it skips."""
     for checkpoint in reversed(all_checkpoints(output_dir)):
@@ -104,11 +109,10 @@ def retire(output_dir: Path, keep: int, protected: str | None = None) -> list[Pa
     REMOVING-<name>, and return the renamed folders, to be removed. By hand, not transformers' rotate_checkpoints:
     that removes them in the calling thread, and removing a checkpoint of tens of GB held the steps for seconds
     (4.5 s for Qwen3-1.7B's 27.5 GB on an H100 machine's disk)."""
-    found = all_checkpoints(output_dir)
-    complete = [c for c in found if problem(c) is None]
-    if keep <= 0 or len(complete) <= keep:
+    found, whole = all_checkpoints(output_dir), complete(output_dir)
+    if keep <= 0 or len(whole) <= keep:
         return []
-    oldest_kept = step_of(complete[-keep])
+    oldest_kept = step_of(whole[-keep])
     keep_too = Path(protected).resolve() if protected else None
     retired = []
     for checkpoint in found:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_layout import make_checkpoint
 from conftest import tmpfs
 from sft import checkpoints
 from sft.controller import machine as m
@@ -183,6 +184,23 @@ def test_disk_sized_from_the_decision_of_an_fp32_run():
     c = pf.check_disk(400 * 10**9, "/out", QWEN3_8B_PARAMS, 2, per_param=20, final_per_param=4, why="20 bytes/param: x")
     assert c.status == "fail"
     assert "needs 524.2 GB for 3 checkpoints of 163.8 GB (20 bytes/param: x) and the 32.8 GB final model" in c.message
+
+
+def test_a_resume_counts_the_checkpoints_on_the_disk_toward_the_limit(tmp_path):
+    """A resumed run's checkpoints are on the disk already and count toward SFT_SAVE_TOTAL_LIMIT: the disk needs room
+    for the ones still to come, one at least. Before: a resume on an H100 machine was refused for 55.1 GB (two
+    checkpoints of Qwen3-1.7B at limit 1) with one of them on that disk already."""
+    out = tmp_path / "out"
+    for step in (20, 40):
+        make_checkpoint(out, step, ranks=1)
+    make_checkpoint(out, 60, ranks=1, complete=False)  # torn: not counted
+    assert m.measure(str(out)).checkpoints_on_disk == 2
+    each = 16 * QWEN3_8B_PARAMS
+    resumed = pf.check_disk(int(1.1 * each), "/out", QWEN3_8B_PARAMS, 2, 16, 0, on_disk=2)
+    assert resumed.status == "ok" and "for 1 more checkpoint(s) (2 on the disk already) of 131.1 GB" in resumed.message
+    assert pf.check_disk(int(1.1 * each), "/out", QWEN3_8B_PARAMS, 2, 16, 0, on_disk=0).status == "fail"
+    assert pf.check_disk(int(0.9 * each), "/out", QWEN3_8B_PARAMS, 2, 16, 0, on_disk=5).status == "fail"  # one more
+    assert pf.check_disk(int(2.1 * each), "/out", QWEN3_8B_PARAMS, 2, 16, 0, on_disk=1).status == "ok"
 
 
 def test_a_checkpoints_real_size_against_the_room_left(tiny_tmpfs):

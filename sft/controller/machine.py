@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import free_disk
+from ..checkpoints import complete, free_disk
 from ..nodes import free_port
 from ..planner.inputs import GPU, Machine, Ranks
 from ..planner.rules import FLASH_ATTENTION_4_CAPABILITY
@@ -44,6 +44,7 @@ class Facts:
     build_locks: tuple[str, ...] = ()  # torch extension build locks a killed build left (buildlocks.py)
     shm_bytes: int = 0
     free_disk_bytes: int = 0
+    checkpoints_on_disk: int = 0  # the complete checkpoints in the output folder (a resume's): on the disk already
     topology: str | None = None  # `nvidia-smi topo -m`, with several GPUs
     allreduce_gbps: float | None = None
     allreduce_error: str | None = "not measured"
@@ -67,7 +68,7 @@ def measure(output_dir: str, nodes: int = 1, attention: str = "auto", early: Imp
     cuda, driver, driver_gpus = driver_facts(found)
     return Facts(machine, output_dir, nvcc=nvcc_version(), torch_cuda=cuda, driver=driver, driver_gpus=driver_gpus,
                  version=version(), cpu_adam=cpu_adam_facts(), build_locks=buildlocks.stale(), shm_bytes=shm_size(),
-                 free_disk_bytes=free_disk(output_dir),
+                 free_disk_bytes=free_disk(output_dir), checkpoints_on_disk=len(complete(Path(output_dir))),
                  import_check=(early or early_import_check(attention)) if could_run else None)
 
 

@@ -217,18 +217,21 @@ def check_host_memory(available: int, needed: int | None, offload: bool | None) 
 
 def check_disk(free: int, output_dir: str, total_params: int | None, save_total_limit: int | None,
                per_param: float = CHECKPOINT_BYTES_PER_PARAM, final_per_param: int = FINAL_MODEL_BYTES_PER_PARAM,
-               why: str = "") -> Check:
-    """Room for save_total_limit + 1 checkpoints (the new one is written before the oldest goes) and final/;
+               why: str = "", on_disk: int = 0) -> Check:
+    """Room for save_total_limit + 1 checkpoints (the new one is written before the oldest goes) and final/, less
+    the `on_disk` complete ones a resume finds there (they count toward the limit, and at least one more is written);
     per_param: a checkpoint's bytes per parameter (why: how they add up, planner/disk.py)."""
     shown = f"{free / GB:.1f} GB free in {output_dir}"
     if total_params is None:
         return Check("disk", INFO, f"{shown} (model size unknown: not checked)")
     each = per_param * total_params
     kept = 2 if save_total_limit is None else save_total_limit + 1
-    needed = kept * each + final_per_param * total_params
+    more = max(kept - on_disk, 1)
+    needed = more * each + final_per_param * total_params
     final = (f"the {final_per_param * total_params / GB:.1f} GB final model" if final_per_param else
              "final/ (links to the last checkpoint's model files)")
-    what = f"{kept} checkpoints of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and {final}"
+    count = f"{kept} checkpoints" if more == kept else f"{more} more checkpoint(s) ({on_disk} on the disk already)"
+    what = f"{count} of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and {final}"
     data = {"free_gb": round(free / GB, 1), "needed_gb": round(needed / GB, 1)}
     if free < needed:
         return Check("disk", FAIL, f"{shown}, needs {needed / GB:.1f} GB for {what}: free space, mount a larger "
@@ -308,7 +311,7 @@ def run(facts: Facts, needs: Needs) -> list[Check]:
         check_host_memory(m.host_memory_bytes or 0, needs.host_bytes, needs.offload),
         check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit,
                    needs.checkpoint_bytes_per_param, 0 if needs.final_linked else needs.final_bytes_per_param,
-                   needs.checkpoint_why),
+                   needs.checkpoint_why, facts.checkpoints_on_disk),
         check_topology(n, facts.topology),
         check_allreduce(n, facts.allreduce_gbps, facts.allreduce_error),
     ]
