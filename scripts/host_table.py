@@ -54,7 +54,8 @@ default), then `final/`, hard links to the last checkpoint's model files (no roo
 `load_best_model_at_end` writes the best model again); the Hugging Face cache (`HF_HOME`, under the same mounted
 folder) holds the base model's 16-bit weights. A checkpoint's bytes per parameter (bf16, AdamW) are {z3} at ZeRO-3 and
 {z12} at ZeRO-1 and 2, which also save the module's weights, and {z8} at ZeRO-1 and 2 with 8-bit AdamW state
-(`SFT_OPTIMIZER`; sft/planner/disk.py). The preflight checks the output folder's share before training; GB are
+(`SFT_OPTIMIZER`; sft/planner/disk.py). The preflight checks the output folder's share before training (after
+the probe, the checkpoints the run saves at its speed: a run that saves only at its end needs one); GB are
 10^9 bytes.
 
 Host RAM: with optimizer offload (`3-offload`, which the planner picks only where nothing else fits on the

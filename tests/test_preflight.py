@@ -203,6 +203,20 @@ def test_a_resume_counts_the_checkpoints_on_the_disk_toward_the_limit(tmp_path):
     assert pf.check_disk(int(2.1 * each), "/out", QWEN3_8B_PARAMS, 2, 16, 0, on_disk=1).status == "ok"
 
 
+def test_the_disk_holds_the_checkpoints_the_run_saves_once_the_probe_tells_how_many():
+    each = 16 * QWEN3_8B_PARAMS
+    short = int(2.5 * each)  # two checkpoints, not the limit's three
+    assert pf.check_disk(short, "/out", QWEN3_8B_PARAMS, 2, 16, 0).status == "fail"  # no probe: the limit's
+    deferred = pf.check_disk(short, "/out", QWEN3_8B_PARAMS, 2, 16, 0, probe_follows=True)
+    assert deferred.status == "warn" and "counted again after the probe" in deferred.message
+    assert pf.check_disk(int(0.9 * each), "/out", QWEN3_8B_PARAMS, 2, 16, 0, probe_follows=True).status == "fail"
+    once = pf.check_disk(short, "/out", QWEN3_8B_PARAMS, 2, 16, 0, saves=1)  # the end's save alone
+    assert once.status == "ok" and once.message.endswith("; the run saves 1 in all")
+    assert pf.check_disk(short, "/out", QWEN3_8B_PARAMS, 2, 16, 0, saves=2).status == "ok"
+    assert pf.check_disk(short, "/out", QWEN3_8B_PARAMS, 2, 16, 0, saves=7).status == "fail"  # three at once
+    assert pf.check_disk(short, "/out", QWEN3_8B_PARAMS, 2, 16, 0, on_disk=2, saves=1).status == "ok"
+
+
 def test_a_checkpoints_real_size_against_the_room_left(tiny_tmpfs):
     """After a save (in rank 0): the size the checkpoint takes, measured, against the disk's free space."""
     checkpoint = tiny_tmpfs / "out" / "checkpoint-20"

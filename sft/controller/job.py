@@ -13,6 +13,7 @@ at the end (summary.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -21,15 +22,16 @@ from .. import exitcodes, nodes
 from ..console import say
 from ..data import DataError
 from ..events import BudgetChecked, Decided, Ended, EventLog, SettingsResolved, StopRequested
+from ..checkpoints import free_disk
 from ..handoff import write_json
 from ..hub.errors import HubError
-from ..planner import decide, restart
+from ..planner import decide, disk, restart
 from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
 from ..settings import Settings, refusal
-from . import (budget, buildlocks, coordinate, data, heartbeat, machine, outlock, preflight, probe, reshard, summary,
-               timekeeper, tokens, training, uploads)
+from . import (budget, buildlocks, coordinate, data, figures, heartbeat, machine, outlock, preflight, probe, reshard,
+               summary, timekeeper, tokens, training, uploads)
 from .launch import Stopper
 from .output import Paths
 from .prepare import prepare
@@ -134,7 +136,7 @@ def recipe(job: Runner, facts: machine.Facts, target, found: data.Found, probe_o
     held = None
     if s.probe_steps > 0 and resume is None:
         parts.phases.done("preflight")
-        d, held, ending = probed(job, parts, prepared.inputs, recheck, probe_only)
+        d, held, ending = probed(job, parts, prepared.inputs, recheck, probe_only, facts)
         if ending is not None:
             return close(job, parts, target, ending)
     elif probe_only:
@@ -152,10 +154,11 @@ def recipe(job: Runner, facts: machine.Facts, target, found: data.Found, probe_o
     return close(job, parts, target, training.train(job, parts, target, held, resume))
 
 
-def probed(job: Runner, parts: summary.Parts, given, recheck, probe_only: bool
+def probed(job: Runner, parts: summary.Parts, given, recheck, probe_only: bool, facts: machine.Facts
            ) -> tuple[Decision, Held | None, Ending | None]:
-    """The batch search and the probe, then the budget gate on its projection: the decision as they leave it, the
-    training's launch where it waits after the probe's steps, and how the job ends where it ends here."""
+    """The batch search and the probe, then the budget's and the disk's gates on its projection: the decision as
+    they leave it, the training's launch where it waits after the probe's steps, and how the job ends where it ends
+    here."""
     parts.probe = outcome = probe.probe(job, given, parts.decision, recheck, train_on=not probe_only)
     parts.decision = d = outcome.decision
     parts.phases.done("batch_search_and_probe")
@@ -166,6 +169,8 @@ def probed(job: Runner, parts: summary.Parts, given, recheck, probe_only: bool
                                                                      "(SFT_BUDGET_ACTION=truncate)")
         if call.verdict == "refuse" and not probe_only:
             return d, outcome.held, Ending(exitcodes.OVER_BUDGET, "over budget", outcome.held)
+        if not probe_only and not disk_after_probe(job, outcome, d, given, facts, parts.preflight):
+            return d, outcome.held, Ending(exitcodes.PREFLIGHT, "preflight failed", outcome.held)
     if outcome.code != exitcodes.DONE or probe_only:
         status = {exitcodes.DONE: "probed", exitcodes.STOPPED: "stopped"}.get(outcome.code, "probe failed")
         return d, outcome.held, Ending(outcome.code, status, outcome.held)
@@ -204,10 +209,11 @@ def decided(d: Decision, events: EventLog) -> Decision:
 def preflight_of(job: Runner, facts: machine.Facts, given, probe_only: bool, parts: summary.Parts, d: Decision
                  ) -> int | None:
     """The machine's facts against this decision's needs (the start's, and each the probe moves to); an exit code
-    when it cannot run."""
+    when it cannot run. Where the probe runs first, the disk's room for the run's checkpoints is counted after it."""
     # the probe alone writes no checkpoint: its disk needs are not the run's
+    probe_follows = not probe_only and job.s.probe_steps > 0 and parts.resumed_from is None  # as recipe() probes
     needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, job.s.save_total_limit,
-                               job.s.extra_trainer_args)
+                               job.s.extra_trainer_args, probe_follows)
     parts.preflight = checks = preflight.run(facts, needs)
     say("preflight:\n" + preflight.format_checks(checks))
     if preflight.failed(checks):
@@ -216,6 +222,23 @@ def preflight_of(job: Runner, facts: machine.Facts, given, probe_only: bool, par
     for lock in buildlocks.remove(facts.build_locks):  # before the ranks load an op: each would wait on it forever
         say(f"removed {lock}: a torch extension build lock that a killed build left")
     return None
+
+
+def disk_after_probe(job: Runner, outcome: probe.Outcome, d: Decision, given, facts: machine.Facts,
+                     at_start: list[preflight.Check] | None) -> bool:
+    """The disk against the checkpoints this run saves at the probe's speed (SFT_SAVE_MINUTES' cadence, and its
+    end's): a run shorter than the limit's saves keeps fewer at once, so the start asked room for one only. Said
+    where the start's check was short; False (exit 3) where the disk cannot hold them."""
+    p = figures.projection(outcome.figures or {}, job.s, job.overheads(d), d.max_steps)
+    saves = None if p is None else disk.saves_left(0, p.total_steps, p.save_steps)  # unknown: as many as the limit's
+    needs = dataclasses.replace(preflight.Needs.of(d, given.shape.total_params, job.s.save_total_limit,
+                                                   job.s.extra_trainer_args), saves=saves)
+    now = dataclasses.replace(facts, free_disk_bytes=free_disk(facts.output_dir))
+    check = preflight.disk_for(now, needs)
+    started = next((c for c in at_start or [] if c.name == "disk"), None)
+    if check.status == preflight.FAIL or (started is not None and started.status == preflight.WARN):
+        say("after the probe:\n" + preflight.format_checks([check]))
+    return check.status != preflight.FAIL
 
 
 def budget_of(s: Settings, outcome: probe.Outcome, runner: Runner, d: Decision, events: EventLog,

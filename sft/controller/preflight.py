@@ -46,15 +46,18 @@ class Needs:
     final_bytes_per_param: int = FINAL_MODEL_BYTES_PER_PARAM
     checkpoint_why: str = ""  # how checkpoint_bytes_per_param adds up
     final_linked: bool = True  # final/ is links to the last checkpoint's files, no room of its own (disk.final_linked)
+    saves: int | None = None  # the checkpoints the run writes, where known (after the probe: the disk's gate)
+    probe_follows: bool = False  # the probe times the steps before training: saves are counted then (the disk's gate)
 
     @classmethod
     def of(cls, d: Decision, total_params: int | None, save_total_limit: int,
-           trainer_args: Mapping[str, Any] | None = None) -> Needs:
+           trainer_args: Mapping[str, Any] | None = None, probe_follows: bool = False) -> Needs:
         optimizer = disk.optimizer_of(d.ds_config, trainer_args or {}, d.stage)
         per_param, why = disk.checkpoint_bytes_per_param(d.bf16, d.stage.zero, optimizer)
         return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit, per_param,
                    disk.weight_bytes(d.bf16), why,
-                   disk.final_linked(bool((trainer_args or {}).get("load_best_model_at_end"))))
+                   disk.final_linked(bool((trainer_args or {}).get("load_best_model_at_end"))),
+                   probe_follows=probe_follows)
 
 
 @dataclass(frozen=True)
@@ -217,22 +220,30 @@ def check_host_memory(available: int, needed: int | None, offload: bool | None) 
 
 def check_disk(free: int, output_dir: str, total_params: int | None, save_total_limit: int | None,
                per_param: float = CHECKPOINT_BYTES_PER_PARAM, final_per_param: int = FINAL_MODEL_BYTES_PER_PARAM,
-               why: str = "", on_disk: int = 0) -> Check:
+               why: str = "", on_disk: int = 0, saves: int | None = None, probe_follows: bool = False) -> Check:
     """Room for save_total_limit + 1 checkpoints (the new one is written before the oldest goes) and final/, less
     the `on_disk` complete ones a resume finds there (they count toward the limit, and at least one more is written);
-    per_param: a checkpoint's bytes per parameter (why: how they add up, planner/disk.py)."""
+    per_param: a checkpoint's bytes per parameter (why: how they add up, planner/disk.py). `saves`: the checkpoints
+    the run writes, where the probe's speed tells (SFT_SAVE_MINUTES' cadence): a short run keeps fewer at once.
+    `probe_follows`: saves not known yet, but counted after the probe; room for one more passes until then."""
     shown = f"{free / GB:.1f} GB free in {output_dir}"
     if total_params is None:
         return Check("disk", INFO, f"{shown} (model size unknown: not checked)")
     each = per_param * total_params
     kept = 2 if save_total_limit is None else save_total_limit + 1
-    more = max(kept - on_disk, 1)
+    at_once = kept if saves is None else min(kept, on_disk + saves)
+    more = max(at_once - on_disk, 1)
     needed = more * each + final_per_param * total_params
     final = (f"the {final_per_param * total_params / GB:.1f} GB final model" if final_per_param else
              "final/ (links to the last checkpoint's model files)")
-    count = f"{kept} checkpoints" if more == kept else f"{more} more checkpoint(s) ({on_disk} on the disk already)"
-    what = f"{count} of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and {final}"
+    count = f"{more} more checkpoint(s) ({on_disk} on the disk already)" if on_disk else \
+        f"{more} checkpoints" if more > 1 else "1 checkpoint"
+    what = f"{count} of {each / GB:.1f} GB ({why or f'{per_param:g} bytes/param'}) and {final}" + (
+        f"; the run saves {saves} in all" if saves is not None else "")
     data = {"free_gb": round(free / GB, 1), "needed_gb": round(needed / GB, 1)}
+    if free < needed and probe_follows and saves is None and free >= each + final_per_param * total_params:
+        return Check("disk", WARN, f"{shown}, short of the {needed / GB:.1f} GB for {what} if the run saves that "
+                     "many: counted again after the probe, from the run's steps and its speed", data)
     if free < needed:
         return Check("disk", FAIL, f"{shown}, needs {needed / GB:.1f} GB for {what}: free space, mount a larger "
                      "volume, or lower SFT_SAVE_TOTAL_LIMIT", data)
@@ -309,13 +320,18 @@ def run(facts: Facts, needs: Needs) -> list[Check]:
         check_memlock(m.memlock_bytes, needs.offload, needs.host_bytes),
         check_shm(facts.shm_bytes, n),
         check_host_memory(m.host_memory_bytes or 0, needs.host_bytes, needs.offload),
-        check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit,
-                   needs.checkpoint_bytes_per_param, 0 if needs.final_linked else needs.final_bytes_per_param,
-                   needs.checkpoint_why, facts.checkpoints_on_disk),
+        disk_for(facts, needs),
         check_topology(n, facts.topology),
         check_allreduce(n, facts.allreduce_gbps, facts.allreduce_error),
     ]
     return checks
+
+
+def disk_for(facts: Facts, needs: Needs) -> Check:
+    """check_disk on the measured facts: at the start, and after the probe with the run's saves (job.py)."""
+    return check_disk(facts.free_disk_bytes, facts.output_dir, needs.total_params, needs.save_total_limit,
+                      needs.checkpoint_bytes_per_param, 0 if needs.final_linked else needs.final_bytes_per_param,
+                      needs.checkpoint_why, facts.checkpoints_on_disk, needs.saves, needs.probe_follows)
 
 
 def failed(checks: Sequence[Check]) -> list[Check]:
