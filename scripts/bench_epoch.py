@@ -11,7 +11,10 @@ reports), from this script's launch of the entrypoint to its exit:
     blocked by saves       the steps' wait for each checkpoint (checkpoint_saved's seconds)
     evaluation             evaluation during training
     final model            from the last step's save to the final model's last file (the Trainer's own end too)
-    end                    the ranks' exit, the final uploads, the summary, the exit
+    end                    the ranks' exit, the final uploads, the summary, the exit; of it (not in the sum): the
+                           removal of the checkpoints the end retired (rank 0's wait for its writer after final/),
+                           from rank 0's report to the job's exit (the ranks' teardown, the launcher's, the
+                           controller's end), and the final uploads
     other                  what is left: the training ranks' launch and their start before the first step
 
 and beside the steps, not in the sum: the checkpoints' background writes (checkpoint_written: seconds, bytes) and
@@ -105,9 +108,14 @@ def account(out: Path, launched: float, exited: float) -> dict:
     rows["final model"], rows["end"] = _final_and_end(out, rank0, saves, exited)
     rows["other"] = wall - sum(rows.values())
     rows = {k: round(v, 2) for k, v in rows.items()}
+    ended = rank0.get("ended_wall") or {}
+    end_parts = {"removal": ended.get("written", 0) - ended.get("final", ended.get("written", 0)),
+                 "report to exit": exited - ended["reported"] if "reported" in ended else None,
+                 "final uploads": phases.get("final_uploads")}  # of "end": where it goes
     return {
         "out": str(out), "exit": summary.get("exit_code"), "status": summary.get("status"), "wall_seconds": round(wall, 2),
-        "rows": rows, "saves": len(saves), "goodput": round(rows["steps"] / wall, 4) if wall > 0 else None,
+        "rows": rows, "end_parts": {k: None if v is None else round(v, 2) for k, v in end_parts.items()},
+        "saves": len(saves), "goodput": round(rows["steps"] / wall, 4) if wall > 0 else None,
         "background_write_seconds": round(sum(e["seconds"] for e in written), 2) if written else None,
         "background_write_bytes": sum(e.get("bytes") or 0 for e in written) if written else None,
         "uploads": len(kinds.get("upload_finished", [])),
@@ -161,6 +169,8 @@ def table(runs: list[dict]) -> str:
 
     for key in SUMMED:
         line(key, [r["rows"].get(key) for r in runs])
+    for key in runs[0]["end_parts"]:
+        line(f"  end: {key}", [r["end_parts"].get(key) for r in runs])
     line("wall (launch to exit)", [r["wall_seconds"] for r in runs])
     line("checkpoints saved", [r["saves"] for r in runs])
     line("background writes", [r["background_write_seconds"] for r in runs])

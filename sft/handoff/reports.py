@@ -41,6 +41,9 @@ class RankReport(Record):
     eval_seconds_per_batch: float | None = None  # measured by the probe on a few batches
     eval_seconds: float = 0.0  # spent evaluating during training (left out of the step times)
     held_seconds: float = 0.0  # spent after the probe's steps waiting for the Verdict (left out of them too)
+    # time.time() at each point of the rank's end: trained (train() returned, its last write waited for), final
+    # (final/ made), written (the retired checkpoints' removal done), reported (this report written): where the end goes
+    ended_wall: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def path(report_dir: Path, mode: str, rank: int) -> Path:

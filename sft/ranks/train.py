@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ def main(spec_path: str) -> int:
             dev.before_training(spec)
         _reset_peak_memory(on_gpu)
         result = trainer.train(resume_from_checkpoint=spec.resume)
+        report.ended_wall["trained"] = time.time()
         if trainer.eval_dataset is not None and spec.mode == "probe":
             evaluation.timed(trainer, report)
         ended = report.status == "ended"  # by the probe's verdict: the controller relaunches or closes
@@ -51,8 +53,10 @@ def main(spec_path: str) -> int:
         _results(report, trainer, result, stop)
         if spec.mode == "train" and not stop.requested and not ended:
             final.save(trainer, spec.final_dir, _progress(trainer).saved_step)  # the end's checkpoint's files
+            report.ended_wall["final"] = time.time()
         if (writer := patches.background.writer()) is not None:
             writer.wait()  # the retired checkpoints' removal, behind the final model: done before the rank exits
+        report.ended_wall["written"] = time.time()
     except Exception as e:  # every failure is reported to the controller, then re-raised
         _written_before_failing()
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
@@ -201,6 +205,7 @@ def _stamp(report: RankReport, on_gpu: bool) -> None:
 def _finish(spec: RunSpec, report: RankReport, on_gpu: bool, code: int) -> int:
     trackers.close(code)
     _stamp(report, on_gpu)
+    report.ended_wall["reported"] = time.time()
     try:
         report.save(RankReport.path(Path(spec.report_dir), spec.mode, report.rank))
     except OSError as e:  # a full or read-only disk: the controller finds the report missing and looks at the disk;
