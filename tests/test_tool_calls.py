@@ -114,3 +114,13 @@ def test_tool_calls_in_the_evaluation_rows_are_named_too(tmp_path):
     (found,) = problems(tmp_path, dataset=str(train), eval_dataset=str(evaluation),
                         chat_template=template(tmp_path, CHATML))
     assert f"and SFT_EVAL_DATASET: {evaluation} has 1 row(s) with them (row 2)" in found
+
+
+def test_tools_as_json_text_are_read_as_trl_reads_them(tmp_path):
+    """TRL parses a 'tools' string as JSON (its tokenize_fn): a template that drops such tools is named, and one that
+    renders them passes, whatever the first rows hold ('[]', no tools)."""
+    data = [{**chat(i), "tools": "[]" if i == 0 else json.dumps([TOOL]) if i % 2 else None} for i in range(20)]
+    path = write(tmp_path / "tools.jsonl", data)
+    (found,) = problems(tmp_path, dataset=str(path), chat_template=template(tmp_path, CHATML))
+    assert "its chat template renders no tool definitions (the 'tools' column)" in found
+    assert read(tmp_path, dataset=str(path)).facts.rows == 20  # the demo's renders them

@@ -65,7 +65,8 @@ def tool_problems(s: Settings, tok, loss_on: str, shape: Shape, sources: list[tu
         if calls and "calls" not in lost:
             lost["calls"] = _lost_calls(tok, template, _conversation(dataset[calls[0]], shape))
         if defined and "tools" not in lost:
-            lost["tools"] = _lost_tools(tok, template, _conversation(dataset[defined[0]], shape))
+            given = next((c for i in defined[:100] if (c := _conversation(dataset[i], shape))[1]["tools"]), None)
+            lost["tools"] = given is not None and _lost_tools(tok, template, given)
         if calls and lost["calls"]:
             found.append(f"{owner(s)}: its chat template renders {lost['calls']}, and {label} has {len(calls)} row(s) "
                          f"with them ({checks.rows_named(calls)}): the model would be trained on those turns without "
@@ -97,7 +98,18 @@ def _conversation(row: dict, shape: Shape) -> tuple[list[dict], dict]:
         role = m.get(shape.role_key)
         rest = {k: v for k, v in m.items() if k not in (shape.role_key, shape.content_key)}
         messages.append({**rest, "role": shape.roles.get(role, role), "content": m.get(shape.content_key)})
-    return messages, {"tools": row.get("tools"), **(row.get("chat_template_kwargs") or {})}
+    return messages, {"tools": _tools(row.get("tools")), **(row.get("chat_template_kwargs") or {})}
+
+
+def _tools(tools):
+    """The tools as TRL gives them to the template: a string of JSON parsed (its tokenize_fn), None where it is not
+    JSON (TRL's tokenisation fails on the row, and names it) or holds no tools ('[]', 'null')."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            return None
+    return tools or None
 
 
 def _render(tok, template: str | None, conversation: tuple[list[dict], dict]) -> str | None:
