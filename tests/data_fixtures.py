@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import DEMO_DATA
+import pytest
+
+from conftest import DEMO_DATA, DEMO_MODEL
 
 SYSTEM = {"role": "system", "content": "Answer briefly."}
 
@@ -95,3 +97,22 @@ def cache_hub_dataset(hf_home: Path, repo_id: str, data: list[dict]) -> str:
     finally:
         server.stop()
     return done.stdout.strip().splitlines()[-1]
+
+
+def read(tmp_path: Path, max_length: int = 128, **settings):
+    """The data step as the job runs it (controller/data.py), on the demo model, one micro-batch row, two ranks."""
+    from sft.controller import data as data_step
+    from sft.planner.inputs import Ranks
+    from sft.settings import Settings
+
+    small = {"max_length": max_length, "micro_batch": 1, **settings}
+    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), Ranks(2, ()))
+
+
+def problems(tmp_path: Path, max_length: int = 128, **settings) -> list[str]:
+    """The data step's refusal: its problems, every one."""
+    from sft.data import DataError
+
+    with pytest.raises(DataError) as e:
+        read(tmp_path, max_length, **settings)
+    return e.value.problems

@@ -13,15 +13,14 @@ import lzma
 
 import pytest
 
-from conftest import DEMO_MODEL, demo_env, run_entrypoint
-from data_fixtures import rows, write
+from conftest import demo_env, run_entrypoint
+from data_fixtures import problems, read, rows, write
 from sft.controller import data as data_step
-from sft.data import DataError, files
+from sft.data import files
 from sft.data.tokens import Labeller, in_memory
 from sft.data.sources import DataPlan, build
 from sft.handoff import DataSource
-from sft.planner.inputs import Ranks
-from sft.settings import Settings, entries
+from sft.settings import entries
 
 CP1252_FIX = "datasets reads UTF-8 only: save it as UTF-8 (e.g. iconv -f CP1252 -t UTF-8"
 
@@ -29,17 +28,6 @@ CP1252_FIX = "datasets reads UTF-8 only: save it as UTF-8 (e.g. iconv -f CP1252 
 @pytest.fixture(autouse=True)
 def own_cache(isolated_env):
     """datasets' cache under tmp_path, offline (isolated_env)."""
-
-
-def read(tmp_path, **settings):
-    small = {"max_length": 128, "micro_batch": 1, **settings}
-    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), Ranks(2, ()))
-
-
-def problems(tmp_path, **settings) -> list[str]:
-    with pytest.raises(DataError) as e:
-        read(tmp_path, **settings)
-    return e.value.problems
 
 
 def jsonl(data: list[dict]) -> str:

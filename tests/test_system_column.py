@@ -6,30 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DEMO_MODEL, demo_env, run_entrypoint
-from data_fixtures import write
-from sft.controller import data as data_step
-from sft.data import DataError
+from conftest import demo_env, run_entrypoint
+from data_fixtures import problems, read, write
 from sft.data.sources import build
 from sft.handoff import DataPlan, DataSource
-from sft.planner.inputs import Ranks
-from sft.settings import Settings
 
 
 @pytest.fixture(autouse=True)
 def own_cache(isolated_env):
     """datasets' cache under tmp_path, offline (isolated_env)."""
-
-
-def read(tmp_path, **settings):
-    small = {"max_length": 128, "micro_batch": 1, **settings}
-    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), Ranks(2, ()))
-
-
-def problems(tmp_path, **settings) -> list[str]:
-    with pytest.raises(DataError) as e:
-        read(tmp_path, **settings)
-    return e.value.problems
 
 
 def sharegpt(i: int, system: object = "Talk like a pirate.", opening: str | None = None) -> dict:

@@ -8,12 +8,9 @@ import json
 
 import pytest
 
+import data_fixtures
 from conftest import DEMO_MODEL, demo_env, run_entrypoint
 from data_fixtures import write
-from sft.controller import data as data_step
-from sft.data import DataError
-from sft.planner.inputs import Ranks
-from sft.settings import Settings
 
 # the demo's template before: a message's content alone, whatever else the message carries
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' "
@@ -28,14 +25,11 @@ def own_cache(isolated_env):
 
 
 def read(tmp_path, **settings):
-    small = {"max_length": 512, "micro_batch": 1, **settings}
-    return data_step.read(Settings(model=str(DEMO_MODEL), output_dir=str(tmp_path / "out"), **small), Ranks(2, ()))
+    return data_fixtures.read(tmp_path, 512, **settings)
 
 
 def problems(tmp_path, **settings) -> list[str]:
-    with pytest.raises(DataError) as e:
-        read(tmp_path, **settings)
-    return e.value.problems
+    return data_fixtures.problems(tmp_path, 512, **settings)
 
 
 def chat(i: int) -> dict:
