@@ -53,10 +53,10 @@ def test_checkpoints_are_saved_by_time_by_every_rank_at_once(by_time):
     result, out = by_time
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + _log(out)
     steps = saves(out)
-    # the Trainer saves nothing by itself (save_strategy "no"): every save but the end's is the clock's
-    assert len(steps) >= 3 and steps[-1] == STEPS, steps
+    # the Trainer saves nothing by itself (save_strategy "no"): every save is the clock's, and the end saves none
+    assert len(steps) >= 3 and steps[-1] < STEPS, steps
     assert steps[0] > JOB["probe_steps"], steps  # not before the probe's verdict
-    gaps = [b - a for a, b in zip(steps, steps[1:-1])]  # the last comes with the end, whatever the clock says
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
     assert all(g >= SAVE_MINUTES * 60 / STEP_SECONDS for g in gaps), steps
     # a save is a collective: a rank that saved alone would hang the others, or leave a checkpoint without its shards
     for step in steps:
@@ -68,7 +68,22 @@ def test_evaluation_goes_with_each_checkpoint_saved_by_time(by_time):
     result, out = by_time
     assert result.returncode == 0, result.stdout[-3000:]
     evaluated = [e.step for _, e in read_events(out / "run" / "events.jsonl") if isinstance(e, Evaluated)]
-    assert evaluated == saves(out)
+    assert evaluated == saves(out) + [STEPS]  # and the end, which saves no checkpoint
+
+
+def test_the_end_writes_the_model_alone_not_a_checkpoint(by_time):
+    """By time the last step saves no checkpoint (disk.end_checkpoint): final/ is written by save_model, whole and
+    loadable, and the run's newest checkpoint is the clock's last."""
+    from transformers import AutoModelForCausalLM
+
+    result, out = by_time
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"checkpoint-{STEPS}" not in [p.name for p in out.glob("checkpoint-*")]
+    log = (out.parent / f"{out.name}.log").read_text()
+    assert "final model: " in log and "written (the end saved no checkpoint to link)" in log
+    final = out / "final"
+    assert not list(final.glob("*optim*")) and not list(final.glob("global_step*"))  # the model, no training state
+    assert AutoModelForCausalLM.from_pretrained(final).num_parameters() > 0
 
 
 def test_no_checkpoint_by_time_just_before_the_end_which_saves_anyway():

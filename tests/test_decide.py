@@ -571,14 +571,16 @@ def test_the_optimizer_is_the_deepspeed_files_then_the_trainer_arguments():
 def test_the_preflight_sizes_the_checkpoint_from_the_decision():
     from sft.controller import preflight
 
-    fp32 = preflight.Needs.of(decided(shape=TINY, machine=CPU_HOST), TINY.total_params, 2)
+    fp32 = preflight.Needs.of(decided(shape=TINY, machine=CPU_HOST), TINY.total_params, 2, end_saves=True)
     assert (fp32.checkpoint_bytes_per_param, fp32.final_bytes_per_param) == (20, 4)  # CPU: fp32, ZeRO-2
-    bf16 = preflight.Needs.of(decided(zero_stage="3"), Q4.total_params, 2, {"optim": "adamw_8bit"})
+    bf16 = preflight.Needs.of(decided(zero_stage="3"), Q4.total_params, 2, {"optim": "adamw_8bit"}, end_saves=True)
     assert (bf16.checkpoint_bytes_per_param, bf16.final_bytes_per_param) == (8, 2)
     assert "optimizer state (adamw_8bit: 2 state(s) of 1 byte(s): 2)" in bf16.checkpoint_why
     assert fp32.final_linked and bf16.final_linked  # final/: links to the last checkpoint's model files
-    best = preflight.Needs.of(decided(), Q4.total_params, 2, {"load_best_model_at_end": True})
+    best = preflight.Needs.of(decided(), Q4.total_params, 2, {"load_best_model_at_end": True}, end_saves=True)
     assert not best.final_linked  # the best checkpoint's weights, loaded at the end, are written again
+    by_time = preflight.Needs.of(decided(), Q4.total_params, 2, end_saves=disk.end_checkpoint(by_steps=False))
+    assert not by_time.final_linked  # by time the end saves no checkpoint: final/ is written, and counted
     ok = preflight.check_disk(int(3.1 * 16 * Q4.total_params), "/out", Q4.total_params, 2, 16, 0)
     assert ok.status == "ok" and "and final/ (links to the last checkpoint's model files)" in ok.message
     assert preflight.check_disk(int(3.1 * 16 * Q4.total_params), "/out", Q4.total_params, 2, 16, 2).status == "fail"
@@ -590,6 +592,8 @@ SAVES_LEFT = [(20, 64, 20, 3), (40, 64, 20, 2), (60, 64, 20, 1), (64, 64, 20, 0)
 @pytest.mark.parametrize("step,max_steps,save_steps,left", SAVES_LEFT)
 def test_saves_left_count_the_one_at_the_last_step(step, max_steps, save_steps, left):
     assert disk.saves_left(step, max_steps, save_steps) == left
+    # by time the end saves none: one fewer, and none where only the last step was left
+    assert disk.saves_left(step, max_steps, save_steps, at_end=False) == max(left - 1, 0)
 
 
 def test_room_after_a_save_counts_the_checkpoints_still_to_come():

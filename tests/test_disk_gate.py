@@ -1,5 +1,6 @@
 """The disk's room for checkpoints counted from the run's own saves, once the probe has timed its steps: a run
-short enough to save only at its end needs room for one checkpoint, not SFT_SAVE_TOTAL_LIMIT + 1 (on an H100
+too short for a save by time (its end writes the model alone) needs room for one checkpoint, the one a stop would
+save, not SFT_SAVE_TOTAL_LIMIT + 1 (on an H100
 machine the default cadence's run of Qwen3-1.7B, one save, was refused for three: 82.6 GB on a 65 GB disk)."""
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ def test_a_run_that_saves_once_needs_room_for_one_checkpoint_and_one_that_saves_
     with tmpfs(tmp_path / "disk", "24m") as small:
         leave_free(small, 5 * 2**20)  # room for two checkpoints, not the limit's three
         out = small / "out"
-        env = demo_env(tmp_path, output_dir=str(out), **SHORT)  # the default cadence: one save, at the end
+        env = demo_env(tmp_path, output_dir=str(out), **SHORT)  # the default cadence: no save, final/ at the end
         result = run_entrypoint(env)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "counted again after the probe, from the run's steps and its speed" in result.stdout
         assert "Z after the probe:\n" in result.stdout and after_probe(result.stdout).startswith("[ok  ] disk")
-        assert "1 checkpoint of " in result.stdout and "; the run saves 1 in all" in result.stdout
+        assert "1 checkpoint of " in result.stdout and "; the run saves 0 in all" in result.stdout
+        assert "and the 0.0 GB final model" in result.stdout  # written at the end, not links: counted
         assert (out / "final" / "config.json").is_file()
-        assert [c.name for c in checkpoints.complete(out)] == ["checkpoint-12"]
+        assert checkpoints.complete(out) == []
 
         out = small / "out-every-2-steps"
         env = demo_env(tmp_path, output_dir=str(out), save_steps=2, **SHORT)  # six saves, three at once

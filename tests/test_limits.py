@@ -135,7 +135,7 @@ def test_the_projection_and_the_time_limit_size_a_checkpoint_as_preflight_does(s
 
     d = decided(zero_stage=stage)
     checkpoint, final = budget.sizes(d, Q4.total_params, {})
-    needs = preflight.Needs.of(d, Q4.total_params, 2)
+    needs = preflight.Needs.of(d, Q4.total_params, 2, end_saves=True)
     assert checkpoint == round(needs.checkpoint_bytes_per_param * Q4.total_params) == bytes_per_param * Q4.total_params
     assert final == 2 * Q4.total_params  # the bf16 model in final/
     assert budget.overheads(d, Q4.total_params, {}, uploads=False).save_seconds == checkpoint / ASSUMED_SAVE_BYTES_PER_S

@@ -124,12 +124,12 @@ def test_the_checkpoints_share_of_the_run_is_shown_and_a_large_one_says_what_sav
 
 def test_checkpoints_by_time_are_counted_from_the_probes_speed():
     """The default cadence: a checkpoint each SFT_UPLOAD_MINUTES (30) of training. At 0.4705 s a step that is 3,826
-    steps, more than the epoch's 2,073: the one at the end alone. Every minute: 128 steps apart, 16 and the last."""
-    assert one_epoch(None, 128.8)["saves"] == 1
+    steps, more than the epoch's 2,073: none, the end writing the model alone. Every minute: 128 steps apart, 16."""
+    assert one_epoch(None, 128.8)["saves"] == 0
     fig = one_epoch(None, 30.0, save_minutes=1.0)
-    assert (fig["saves"], fig["save_minutes"]) == (17, 1.0)
-    assert fig["save_hours"] == round(17 * 30.0 / 3600, 3)
+    assert (fig["saves"], fig["save_minutes"]) == (16, 1.0)
+    assert fig["save_hours"] == round(16 * 30.0 / 3600, 3)
     # 30 s each, 638 steps' worth at 10%: the hint speaks of the setting the run uses
     assert checkpoints_row(fig).endswith("SFT_SAVE_MINUTES=6 would make them about 10% of the steps' time, a "
                                          "checkpoint every 6 min (what a lost machine can cost)")
-    assert one_epoch(None, 30.0, upload_minutes=1.0)["saves"] == 17  # the upload's interval is the default's
+    assert one_epoch(None, 30.0, upload_minutes=1.0)["saves"] == 16  # the upload's interval is the default's

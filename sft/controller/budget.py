@@ -19,7 +19,7 @@ def sizes(d: Decision, total_params: int, trainer_args: Mapping[str, Any]) -> tu
     """Bytes of one checkpoint and of the final model, as preflight sizes the disk for them: from the decision's
     precision, stage and optimizer (a bf16 ZeRO-2 AdamW checkpoint is 16 bytes/param, about what a measured
     Qwen3-4B checkpoint held: docs/speed.md, 'where a one-epoch run's time goes')."""
-    needs = Needs.of(d, total_params, 0, trainer_args)
+    needs = Needs.of(d, total_params, 0, trainer_args, end_saves=False)  # sizes alone: final/ written or not
     return round(needs.checkpoint_bytes_per_param * total_params), needs.final_bytes_per_param * total_params
 
 

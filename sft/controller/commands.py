@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import click
 
 from .. import exitcodes, nodes, tracking
+from ..planner import disk
 from ..planner.inputs import GPU, CannotRun, Machine, Ranks
 from ..settings import Settings, refusal
 from ..units import GIB
@@ -197,7 +198,8 @@ def doctor() -> None:
     try:
         given = prepare.prepare(s, facts, ranks, read_data=False)
         d = given.decision
-        needs = preflight.Needs.of(d, given.inputs.shape.total_params, s.save_total_limit, s.extra_trainer_args)
+        needs = preflight.Needs.of(d, given.inputs.shape.total_params, s.save_total_limit, s.extra_trainer_args,
+                                   end_saves=disk.end_checkpoint(s.save_steps is not None))
         facts = machine.measure_links(facts, d.ranks)
         click.echo(f"for {s.model} with {d.stage.label} on {d.ranks.world} rank(s):")
     except CannotRun as e:

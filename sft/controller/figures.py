@@ -120,7 +120,7 @@ def projection(fig: dict[str, Any], s: Settings, overheads: Overheads, max_steps
     passes, evals = eval_seconds(fig, total)
     return Projection(total, fig["seconds_per_step"], save_every(s, fig["seconds_per_step"]), overheads.save_seconds,
                       overheads.final_seconds, evals if passes else overheads.eval_seconds, s.price_per_hour,
-                      fig.get("warmup_seconds", 0.0))
+                      fig.get("warmup_seconds", 0.0), disk.end_checkpoint(s.save_steps is not None))
 
 
 def save_every(s: Settings, seconds_per_step: float | None) -> int:

@@ -213,7 +213,7 @@ def preflight_of(job: Runner, facts: machine.Facts, given, probe_only: bool, par
     # the probe alone writes no checkpoint: its disk needs are not the run's
     probe_follows = not probe_only and job.s.probe_steps > 0 and parts.resumed_from is None  # as recipe() probes
     needs = preflight.Needs.of(d, None if probe_only else given.shape.total_params, job.s.save_total_limit,
-                               job.s.extra_trainer_args, probe_follows)
+                               job.s.extra_trainer_args, probe_follows, end_saves=job.end_saves)
     parts.preflight = checks = preflight.run(facts, needs)
     say("preflight:\n" + preflight.format_checks(checks))
     if preflight.failed(checks):
@@ -230,9 +230,9 @@ def disk_after_probe(job: Runner, outcome: probe.Outcome, d: Decision, given, fa
     end's): a run shorter than the limit's saves keeps fewer at once, so the start asked room for one only. Said
     where the start's check was short; False (exit 3) where the disk cannot hold them."""
     p = figures.projection(outcome.figures or {}, job.s, job.overheads(d), d.max_steps)
-    saves = None if p is None else disk.saves_left(0, p.total_steps, p.save_steps)  # unknown: as many as the limit's
+    saves = None if p is None else p.saves()  # unknown: as many as the limit's
     needs = dataclasses.replace(preflight.Needs.of(d, given.shape.total_params, job.s.save_total_limit,
-                                                   job.s.extra_trainer_args), saves=saves)
+                                                   job.s.extra_trainer_args, end_saves=job.end_saves), saves=saves)
     now = dataclasses.replace(facts, free_disk_bytes=free_disk(facts.output_dir))
     check = preflight.disk_for(now, needs)
     started = next((c for c in at_start or [] if c.name == "disk"), None)

@@ -45,18 +45,19 @@ class Needs:
     checkpoint_bytes_per_param: float = CHECKPOINT_BYTES_PER_PARAM
     final_bytes_per_param: int = FINAL_MODEL_BYTES_PER_PARAM
     checkpoint_why: str = ""  # how checkpoint_bytes_per_param adds up
-    final_linked: bool = True  # final/ is links to the last checkpoint's files, no room of its own (disk.final_linked)
+    final_linked: bool = False  # final/ is links to the last checkpoint's files, no room of its own (disk.final_linked)
     saves: int | None = None  # the checkpoints the run writes, where known (after the probe: the disk's gate)
     probe_follows: bool = False  # the probe times the steps before training: saves are counted then (the disk's gate)
 
     @classmethod
     def of(cls, d: Decision, total_params: int | None, save_total_limit: int,
-           trainer_args: Mapping[str, Any] | None = None, probe_follows: bool = False) -> Needs:
+           trainer_args: Mapping[str, Any] | None = None, probe_follows: bool = False, *, end_saves: bool) -> Needs:
+        """`end_saves`: the run's last step saves a checkpoint (disk.end_checkpoint), of which final/ is links."""
         optimizer = disk.optimizer_of(d.ds_config, trainer_args or {}, d.stage)
         per_param, why = disk.checkpoint_bytes_per_param(d.bf16, d.stage.zero, optimizer)
         return cls(len(d.ranks.gpus) or None, d.offload, d.row.host, total_params, save_total_limit, per_param,
                    disk.weight_bytes(d.bf16), why,
-                   disk.final_linked(bool((trainer_args or {}).get("load_best_model_at_end"))),
+                   disk.final_linked(bool((trainer_args or {}).get("load_best_model_at_end")), end_saves),
                    probe_follows=probe_follows)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..events import EVENTS_FILE, EventLog
 from ..handoff import RankReport, RunSpec, Verdict, write_json
 from ..planner.arguments import Run, arguments
+from ..planner import disk
 from ..planner.budget import Overheads
 from ..planner.decision import Decision
 from ..settings import Settings
@@ -32,6 +33,11 @@ class Runner:
         self.uploads = False  # the final model is uploaded (a Hub repo): the projection counts the upload
         self.standby = standby  # the ranks started before the decision: the first launch's, if they fit
         self.tokens = ""  # the training rows' tokens kept in the output folder (tokens.keep): the ranks read them
+
+    @property
+    def end_saves(self) -> bool:
+        """Whether the run's last step saves a checkpoint (SFT_SAVE_STEPS), or writes the model alone (by time)."""
+        return disk.end_checkpoint(self.s.save_steps is not None)
 
     def overheads(self, d: Decision) -> Overheads:
         """What a run of this decision spends besides its steps (its saves, the final model), for the probe's

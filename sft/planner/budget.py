@@ -39,6 +39,7 @@ class Projection:
     eval_seconds: float = 0.0  # evaluation over the whole run (none configured: 0)
     price_per_hour: float | None = None
     warmup_seconds: float = 0.0  # what the first steps cost beyond the steady rate (compilation), paid once
+    end_checkpoint: bool = True  # the last step saves a checkpoint (disk.end_checkpoint); else the model alone
 
     def seconds(self, steps: int | None = None) -> float:
         n = self.total_steps if steps is None else steps
@@ -47,8 +48,9 @@ class Projection:
         return self.train_seconds(n) + self.save_seconds_of(n) + evals + self.final_seconds + warmup
 
     def saves(self, steps: int | None = None) -> int:
-        """The checkpoints the Trainer writes in `steps` steps: every save_steps, and one at the last step."""
-        return saves_left(0, self.total_steps if steps is None else steps, self.save_steps)
+        """The checkpoints the run writes in `steps` steps: every save_steps, and one at the last step where the end
+        saves one."""
+        return saves_left(0, self.total_steps if steps is None else steps, self.save_steps, self.end_checkpoint)
 
     def save_seconds_of(self, steps: int | None = None) -> float:
         return self.saves(steps) * self.save_seconds

@@ -30,11 +30,20 @@ def weight_bytes(bf16: bool) -> int:
     return 2 if bf16 else 4
 
 
-def final_linked(load_best_model_at_end: bool) -> bool:
-    """Whether final/ takes no room of its own: a training run saves a checkpoint at its last step, and final/ is
-    hard links to its model files (ranks/final.py), but where the Trainer loads the best checkpoint at the end
-    (SFT_TRAINER_ARGS' load_best_model_at_end) and writes that model again."""
-    return not load_best_model_at_end
+def end_checkpoint(by_steps: bool) -> bool:
+    """Whether the run's last step saves a whole checkpoint. With SFT_SAVE_STEPS it does, as the Trainer's steps
+    strategy always has. By time (SFT_SAVE_MINUTES) the end writes the model alone, final/, as torchtitan's
+    last_save_model_only does by default: training is over, so the optimizer's state (six times the 16-bit weights
+    with AdamW) would be written only to be waited for, and it is never uploaded (final/ is). SIGTERM and the time
+    limit still save whole checkpoints: those runs go on."""
+    return by_steps
+
+
+def final_linked(load_best_model_at_end: bool, end_saves: bool) -> bool:
+    """Whether final/ takes no room of its own: where the run's last step saves a checkpoint (`end_saves`,
+    end_checkpoint), final/ is hard links to its model files (ranks/final.py), but where the Trainer loads the best
+    checkpoint at the end (SFT_TRAINER_ARGS' load_best_model_at_end) and writes that model again."""
+    return end_saves and not load_best_model_at_end
 
 
 def optimizer_of(ds_config: Mapping[str, Any], trainer_args: Mapping[str, Any], stage: Stage | None = None) -> str:
@@ -88,12 +97,12 @@ def steps_between_saves(save_steps: int | None, save_seconds: float | None, seco
     return max(1, math.ceil(save_seconds / seconds_per_step))
 
 
-def saves_left(step: int, max_steps: int, save_steps: int) -> int:
-    """Checkpoints the Trainer still writes after `step`: every save_steps, and one at the last step."""
+def saves_left(step: int, max_steps: int, save_steps: int, at_end: bool = True) -> int:
+    """Checkpoints the run still writes after `step`: every save_steps before the last step, and one at the last
+    step where the end saves one (`at_end`, end_checkpoint)."""
     if max_steps <= step:
         return 0
-    periodic = max_steps // save_steps - step // save_steps
-    return periodic + (0 if max_steps % save_steps == 0 else 1)
+    return (max_steps - 1) // save_steps - step // save_steps + (1 if at_end else 0)
 
 
 def room_after_save(checkpoint_bytes: int, free_bytes: int, kept: int, save_total_limit: int, left: int,

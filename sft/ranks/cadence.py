@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 
-# No checkpoint by time when the run's end comes within this share of the interval: the last step saves anyway, and
-# one saved just before it only made the end's wait for its write (11.8 s held for Qwen3-1.7B on an H100, two steps
-# after one by time). The cost: up to this share more of an interval lost to a kill in those last steps.
+# No checkpoint by time when the run's end comes within this share of the interval: the end writes the model
+# (final/) moments later, and a checkpoint saved just before it only made the end wait for its write (11.8 s held
+# for Qwen3-1.7B on an H100, two steps after one by time). The cost: up to this share more of an interval lost to a
+# kill in those last steps.
 END_NEAR = 0.1
 
 
@@ -50,5 +51,6 @@ class SaveClock:
         self.started()
 
     def last_step(self, state) -> bool:
-        """The run's last step saves (and evaluates) by time too, as the Trainer's steps strategy does at its end."""
+        """The run's last step evaluates by time too, as the Trainer's steps strategy does at its end; it saves no
+        checkpoint by time: training is over, and final/ holds the model (planner/disk.py, end_checkpoint)."""
         return self.on and state.global_step >= state.max_steps

@@ -1,4 +1,5 @@
-"""The final model (OUTPUT/final/): the end's checkpoint already holds its files, so they are linked, not written again.
+"""The final model (OUTPUT/final/): where the end's checkpoint already holds its files, they are linked, not written
+again; by time (SFT_SAVE_MINUTES, the default) the end saves no checkpoint and save_model writes final/ alone.
 
 The Trainer's save_model writes final/ as save_pretrained does (the 16-bit weights, config, generation config,
 tokenizer, training_args.bin). The checkpoint saved at the same last step holds those very files, written by the same
@@ -32,7 +33,9 @@ def save(trainer, final_dir: str, saved_step: int | None) -> None:
     """final/ for the model `trainer` ended with; every rank calls it (save_model gathers ZeRO-3's weights)."""
     checkpoint = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
     if saved_step != trainer.state.global_step or trainer.args.load_best_model_at_end:  # the best one's weights, loaded
-        trainer.save_model(final_dir)  # at the end, are the model
+        trainer.save_model(final_dir)  # at the end, are the model; by time the end saves no checkpoint (cadence.py)
+        if trainer.args.should_save:
+            print(f"[rank 0] final model: {final_dir}, written (the end saved no checkpoint to link)", flush=True)
     elif trainer.args.should_save:
         link_model(checkpoint, Path(final_dir))
         print(f"[rank 0] final model: {final_dir}, the model files of {checkpoint.name} (hard links: not written twice)",

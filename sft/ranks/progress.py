@@ -133,8 +133,9 @@ class ProgressCallback(TrainerCallback):
         per_step = self.progress.seconds_per_step  # rank 0's, the one that asks
         left_s = (state.max_steps - state.global_step) * per_step if per_step and state.max_steps > 0 else None
         stop, save_due = self.stop.agree(lagged=True, save_due=self.clock.ask(state.global_step, left_s))
-        if save_due or self.clock.last_step(state):
+        if save_due:
             control.should_save = True
+        if save_due or self.clock.last_step(state):  # the end evaluates; its model is final/ (cadence.py)
             control.should_evaluate = control.should_evaluate or self.clock.evaluates
         if stop:
             control.should_save = args.save_strategy != "no" or self.clock.on  # a probe saves nothing
@@ -284,20 +285,21 @@ class ProgressCallback(TrainerCallback):
 
 def room_after(args, state, model, every: int, retired: int = 0) -> tuple[bool, str]:
     """The newest checkpoint's real size against the room the rest of the run needs, a checkpoint every `every`
-    steps and one at the end: (fits, why). The background write in flight counts as on the disk already, the
-    retired checkpoints as gone. `retired`: the bytes this save's retired checkpoints held (freed_by_removal)."""
+    steps and one at the end where it saves one: (fits, why). The background write in flight counts as on the disk
+    already, the retired checkpoints as gone. `retired`: the bytes this save's retired checkpoints held (freed_by_removal)."""
     from ..checkpoints import all_checkpoints, folder_bytes, free_after_writes, unwritten_bytes
 
     out = Path(args.output_dir)
     newest = out / f"checkpoint-{state.global_step}"
     params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 holds a shard
     size = folder_bytes(newest) + unwritten_bytes(newest)
-    final = 0 if disk.final_linked(args.load_best_model_at_end) else params * disk.weight_bytes(args.bf16)
+    end_saves = disk.end_checkpoint(args.save_strategy == "steps")
+    final = 0 if disk.final_linked(args.load_best_model_at_end, end_saves) else params * disk.weight_bytes(args.bf16)
 
     def verdict(uncounted: int = 0) -> tuple[bool, str]:
+        left = disk.saves_left(state.global_step, state.max_steps, every, end_saves)
         return disk.room_after_save(size, free_after_writes(out, newest) + uncounted, len(all_checkpoints(out)),
-                                    args.save_total_limit, disk.saves_left(state.global_step, state.max_steps, every),
-                                    final)
+                                    args.save_total_limit, left, final)
 
     fits, message = verdict()
     if fits or not retired or not verdict(retired)[0]:
