@@ -9,6 +9,8 @@ to bf16; and the job's step, which does the last four in one pass (sft/ranks/pat
 mean of 3 runs after one warm-up, between CUDA events.
 
     python scripts/bench_optimizer_kernels.py [--shape qwen3-4b]
+
+And the step of the options with 8-bit state (bitsandbytes' blockwise AdamW), where bitsandbytes is installed.
 """
 
 from __future__ import annotations
@@ -105,6 +107,31 @@ def main(shape: str) -> None:
     click.echo(f"{ms:8.2f} ms  the job's step (sft/ranks/patches/adamw.py, compiled): AdamW from the bf16 gradients x the "
                "clipping into the fp32 and the bf16 weights, in place of the cast, the multiply, AdamW and the copy; "
                f"its first call {first:.2f} s (Inductor's compilation of this size, unless its cache had it)")
+    del optimizer, exp_avg, exp_avg_sq, fp32  # room for the 8-bit state on an 80 GB card
+    torch.cuda.empty_cache()
+    eight_bit(weights, flat_bf16, bf16_weights, clip)
+
+
+def eight_bit(weights: torch.Tensor, gradients: torch.Tensor, bf16_weights: torch.Tensor, clip: torch.Tensor) -> None:
+    """The step of the options with 8-bit state (sft/ranks/patches/adamw8bit.py: bitsandbytes' blockwise kernel,
+    fed fp32 slices of the bf16 gradients), against what its memory traffic alone would take at the copy's speed."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        click.echo("bitsandbytes not installed: no 8-bit row")
+        return
+    from sft.ranks.patches import adamw8bit
+
+    optimizer = bnb.optim.AdamW([weights], lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                optim_bits=8, is_paged=False)
+    ms = timed(lambda: adamw8bit.step(optimizer, 0, weights, gradients, bf16_weights, clip))
+    copy = timed(lambda: bf16_weights.copy_(weights))  # 6 bytes an element: read fp32, write bf16
+    # per element: the bf16 gradient read and its fp32 slice written and read (2 + 4 + 4), the fp32 master read and
+    # written (8), two 8-bit moments read and written (4), the bf16 weights written (2): 24 bytes
+    floor = copy * 24 / 6
+    click.echo(f"{ms:8.2f} ms  the job's 8-bit step (sft/ranks/patches/adamw8bit.py: bitsandbytes' blockwise AdamW, "
+               f"fp32 slices of the bf16 gradients x the clipping, then the bf16 weights); its traffic at the copy's "
+               f"speed: {floor:.2f} ms")
 
 
 if __name__ == "__main__":
