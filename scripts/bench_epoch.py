@@ -10,7 +10,8 @@ reports), from this script's launch of the entrypoint to its exit:
                            the probe's verdict left out)
     blocked by saves       the steps' wait for each checkpoint (checkpoint_saved's seconds)
     evaluation             evaluation during training
-    final model            from the last step's save to the final model's last file (the Trainer's own end too)
+    final model            from the last step (and its save, where the end saves one) to the final model's last
+                           file (the Trainer's own end too)
     end                    the ranks' exit, the final uploads, the summary, the exit; of it (not in the sum): the
                            removal of the checkpoints the end retired (rank 0's wait for its writer after final/),
                            from rank 0's report to the job's exit (the ranks' teardown, the launcher's, the
