@@ -17,6 +17,7 @@ import click
 
 from sft import exitcodes
 from sft.controller import commands
+from sft.lifeline import leave  # the job's exit: its last uploads and files done, without the interpreter's teardown
 from sft.settings import ECOSYSTEM_VARS, describe
 
 
@@ -75,13 +76,13 @@ def _close_stdin() -> None:
 @cli.command()
 def run() -> None:
     """Validate, probe, train the full epoch(s), write final/ and the summary."""
-    sys.exit(commands.job(probe_only=False))
+    leave(commands.job(probe_only=False))
 
 
 @cli.command()
 def probe() -> None:
     """Only the timing probe: speed, peak memory per rank, projected duration and cost."""
-    sys.exit(commands.job(probe_only=True))
+    leave(commands.job(probe_only=True))
 
 
 @cli.command()

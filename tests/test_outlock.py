@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, demo_env, read_summary, run_entrypoint
 from sft import exitcodes
 from sft.controller import outlock
+from sft.data import cache
 
 HOLD = ("import sys, time; from pathlib import Path; from sft.controller import outlock; "
         "outlock.take(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)")
@@ -63,6 +64,22 @@ def test_a_job_on_a_held_folder_exits_11_at_once_and_writes_nothing(tmp_path):
         assert f"error: another job is running on {out} (pid {proc.pid} on " in result.stdout
         assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # not even a summary
         assert "$ " not in result.stdout  # no launcher started
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_job_leaves_with_its_exit_code_and_its_exit_handlers_run(tmp_path):
+    """The job leaves without the interpreter's teardown (sft/lifeline.py::leave): its code is the job's, and the
+    data step's private folder (data/cache.py, removed by an exit handler) is gone once it has left."""
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
+    proc = holder(out)
+    try:
+        result = run_entrypoint({**demo_env(tmp_path, probe_steps=0, max_steps=2), "TMPDIR": str(scratch)})
+        assert result.returncode == exitcodes.OUTPUT_BUSY, result.stdout[-2000:] + result.stderr[-2000:]
+        assert "data: SFT_DATASET: " in result.stdout  # the data was read (into the private folder) before the lock
+        assert list(scratch.glob(f"{cache.STAGING}*")) == []
     finally:
         proc.kill()
         proc.wait()
