@@ -126,13 +126,16 @@ def build(parts: Parts, code: int, status: str) -> Summary:
 
 
 def write(summary: Summary, paths: Paths, model: str | None = None) -> None:
-    """The summary, and with the model's name the loss plot; on a full disk the exit code and the log still come
-    out, naming what was not written."""
+    """The summary, then with the model's name the loss plot; on a full disk the exit code and the log still come
+    out, naming what was not written. The summary first: it is the run's record, the plot only a picture of it, and
+    a plot that fails otherwise (its library, its figure) is said and fails nothing."""
     history = (summary.train or {}).get("log_history") or []
     try:
+        summary.save(paths.summary)
         if model is not None and (points := losses(history)):
             plot_loss(points, paths.run / "loss.png", f"{model} (ZeRO {summary.stage})", losses(history, "eval_loss"))
-        summary.save(paths.summary)
     except OSError as e:
         say(f"error: could not write {paths.summary} or the loss plot ({e.strerror or e}): this log is the only "
             "record of this start")
+    except Exception as e:  # noqa: BLE001 - the plot's own failure: the summary is written, the run's end goes on
+        say(f"warning: no loss plot ({type(e).__name__}: {e}); the losses are in {paths.summary}")
