@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,23 @@ def eval_results(log_history: list[dict[str, Any]]) -> dict[str, Any] | None:
     last = evals[-1]
     return {"step": last.get("step"), "loss": last["eval_loss"], "mean_token_accuracy":
             last.get("eval_mean_token_accuracy"), "evaluations": len(evals)}
+
+
+def plot_ahead() -> None:
+    """matplotlib imported while the ranks train, in a thread of its own, so that the plot at the run's end only
+    draws: its import (pyplot, its fonts) was the longest part of the end's work in this process. A daemon thread:
+    the job never waits for it, and plot_loss's own import finds it done, waits for the rest, or fails there."""
+    threading.Thread(target=_import_plotting, name="plot-import", daemon=True).start()
+
+
+def _import_plotting() -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - plot_loss imports it again, and the summary's writing says why it fails
+        pass
 
 
 def plot_loss(points: list[tuple[int, float]], path: Path, title: str,

@@ -13,6 +13,7 @@ from ..console import say
 from ..events import StopRequested, TrainStarted
 from ..planner.decision import Decision
 from . import budget, failure, figures, reshard, summary, timekeeper, uploads
+from .output import plot_ahead
 from .runs import Held, Runner
 
 
@@ -49,6 +50,7 @@ def train(job: Runner, parts: summary.Parts, target, held: Held | None, resume: 
              if held else "from the start")
     say(f"train: ZeRO {d.stage.name}, {where}")
     uploader = uploads.start(s, target, job.paths, job.events)
+    plot_ahead()  # the loss plot's library loaded meanwhile: the end then only draws it
     job.events.emit(TrainStarted(stage=d.stage.name, max_steps=max_steps, resumed_from=parts.resumed_from and
                                  str(parts.resumed_from)))
     started = held.began if held else time.time()  # a launch that went on from the probe: from its start
