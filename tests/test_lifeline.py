@@ -1,9 +1,10 @@
 """How the job's processes leave (sft/lifeline.py): `leave` skips the interpreter's teardown, never what Python's own
-exit waits for. The job's exit through it, end to end: tests/test_outlock.py (a refusal) and tests/test_job.py (a
-run, its summary and loss plot written)."""
+exit waits for; the controller and the launcher leave through it. The job's exit through it, end to end:
+tests/test_outlock.py (a refusal) and tests/test_job.py (a run, its summary and loss plot written)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -36,3 +37,30 @@ def test_leave_keeps_the_code_joins_the_threads_and_runs_the_exit_handlers(tmp_p
         assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
         for made in ("thread", "atexit"):
             (tmp_path / made).unlink()
+
+
+PROGRAM = """
+import sys
+from pathlib import Path
+
+Path(sys.argv[1]).write_text(" ".join(sys.argv[2:]) + " " + __name__)
+if sys.argv[2] == "fail":
+    raise ValueError("the launcher's own failure")
+if sys.argv[2] != "ok":
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_the_launcher_runs_in_its_shim_with_its_arguments_and_its_exit(tmp_path):
+    """The shim that binds the launcher to the controller (sft/controller/launch.py) runs `python -m LAUNCHER ...` in
+    its own process and leaves it with the launcher's code; an exception is Python's own exit 1, with its traceback."""
+    (tmp_path / "fake_launcher.py").write_text(PROGRAM)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    seen = tmp_path / "seen"
+    for given, code in (("ok", 0), ("75", 75), ("fail", 1)):
+        done = subprocess.run([sys.executable, "-m", "sft.controller.launch", str(os.getpid()), sys.executable, "-m",
+                               "fake_launcher", str(seen), given, "--flag"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == code, done.stderr
+        assert seen.read_text() == f"{given} --flag __main__"
+        assert ("ValueError: the launcher's own failure" in done.stderr) == (given == "fail")

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from .. import tracking
 from ..console import say
 from ..handoff import RunSpec
-from ..lifeline import die_with_parent
+from ..lifeline import die_with_parent, leave
 from ..nodes import Nodes, free_port
 from ..planner.inputs import Ranks
 from ..settings import Settings
@@ -275,7 +276,25 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def run_launcher(cmd: list[str]) -> NoReturn:
+    """The launcher in this process: `python -m MODULE ARGS` (this interpreter's, as command() writes it) run as that
+    command would run it, then, where it ends with an exit code, left without the interpreter's teardown
+    (lifeline.leave): the controller waits for this process after the ranks have ended, and the teardown of its
+    torch only delays the job's end. An exception it raises ends it as Python ends it (its traceback, exit 1); any
+    other command is exec'd."""
+    if cmd[:2] != [sys.executable, "-m"] or len(cmd) < 3:
+        os.execvp(cmd[0], cmd)
+    sys.argv = cmd[2:]  # argv[0] becomes the module's file, as under `python -m`
+    try:
+        runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            raise  # a message rather than a code: Python's own exit prints it
+        leave(e.code or 0)
+    leave(0)
+
+
 if __name__ == "__main__":
     # python -m sft.controller.launch PARENT_PID CMD...: the launcher, bound to the controller's life.
     die_with_parent(int(sys.argv[1]))
-    os.execvp(sys.argv[2], sys.argv[2:])
+    run_launcher(sys.argv[2:])
