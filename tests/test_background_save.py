@@ -194,6 +194,31 @@ def test_the_retired_are_removed_behind_the_next_snapshot_and_other_ranks_wait_f
     assert not retired.exists() and (folder / "optim.pt").is_file()
 
 
+def test_at_a_finished_runs_end_the_removal_goes_on_behind_the_rank_and_the_controller_ends_it(tmp_path):
+    """The end's removal is handed to a process of its own (the ranks then exit without waiting for it), by the
+    remover only; the controller's remove_retired after the launch leaves none, whatever that process has done."""
+    out = tmp_path / "out"
+    for step in (10, 20, 30):
+        make_checkpoint(out, step, ranks=1)
+    retired = checkpoints.retire(out, 1)
+    assert len(retired) == 2
+    background.removal_behind(out, remover=False)
+    time.sleep(0.5)
+    assert all(p.exists() for p in retired)  # another rank: nothing is started
+    background.removal_behind(out, remover=True)
+    deadline = time.monotonic() + 30
+    while checkpoints.being_removed(out) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert checkpoints.being_removed(out) == []  # removed by the process it started, this rank doing nothing
+    assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-30"]
+    make_checkpoint(out, 40, ranks=1)
+    assert len(checkpoints.retire(out, 1)) == 1
+    background.removal_behind(out, remover=True)
+    checkpoints.remove_retired(out)  # the controller's, while that process may still be removing
+    assert checkpoints.being_removed(out) == []
+    assert [p.name for p in checkpoints.all_checkpoints(out)] == ["checkpoint-40"]
+
+
 def test_a_disk_for_two_checkpoints_holds_a_run_of_many_saved_in_the_background(tmp_path):
     """SFT_SAVE_TOTAL_LIMIT=1 on a disk with room for the kept checkpoint, the one being written and the final
     model, as the disk preflight counts, and not for a third: every save of the run fits. Before, the oldest was

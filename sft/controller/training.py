@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import exitcodes
+from ..checkpoints import remove_retired
 from ..console import say
 from ..events import StopRequested, TrainStarted
 from ..planner.decision import Decision
@@ -60,6 +61,7 @@ def train(job: Runner, parts: summary.Parts, target, held: Held | None, resume: 
             code, reports = held.finish()
         else:
             code, reports = job.run(job.spec(d, "train", job.paths.out, max_steps, resume))
+    remove_retired(job.paths.out)  # what a finished run's ranks left to a removal behind their end: gone before the job
     parts.train = result = summary.TrainResult.of(reports, time.time() - started, probed_at if held else None)
     parts.phases.done("train")
     if d.reshard is not None:

@@ -55,7 +55,10 @@ def main(spec_path: str) -> int:
             final.save(trainer, spec.final_dir, _progress(trainer).saved_step)  # the end's checkpoint's files
             report.ended_wall["final"] = time.time()
         if (writer := patches.background.writer()) is not None:
-            writer.wait()  # the retired checkpoints' removal, behind the final model: done before the rank exits
+            finished = spec.mode == "train" and not stop.requested and not ended
+            writer.wait(files_only=finished)  # else the retired checkpoints' removal too, behind the final model
+            if finished:  # nothing follows but the rank's end: the removal goes on behind it
+                patches.background.removal_behind(Path(trainer.args.output_dir), trainer.args.should_save)
         report.ended_wall["written"] = time.time()
     except Exception as e:  # every failure is reported to the controller, then re-raised
         _written_before_failing()

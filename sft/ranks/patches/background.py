@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -284,6 +285,21 @@ def start(reserve_bytes: int = 0) -> Writer:
             threading.Thread(target=_writer.arena.reserve, args=(reserve_bytes,), name="checkpoint-reserve",
                              daemon=True).start()
     return _writer
+
+
+def removal_behind(output_dir: Path, remover: bool) -> None:
+    """At a finished run's end, where the ranks wait for nothing else: the retired checkpoints' removal (in this
+    rank's writer thread, which ends with the rank) handed to a process of its own, so that it goes on while the
+    ranks, the launcher and the controller end, instead of holding every rank until the last file is gone. `rm`, in
+    its own session: the launcher ends the ranks' groups, not it. The controller removes what is left before the job
+    exits (controller/training.py), and any start removes what a kill left (Paths.clear_leftovers)."""
+    if not remover or not (folders := being_removed(output_dir)):
+        return
+    try:
+        subprocess.Popen(["rm", "-rf", "--", *map(str, folders)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:  # no rm here: the controller removes them all
+        pass
 
 
 def writer() -> Writer | None:
