@@ -13,7 +13,8 @@ reports), from this script's launch of the entrypoint to its exit:
     final model            from the last step (and its save, where the end saves one) to the final model's last
                            file (the Trainer's own end too)
     end                    the ranks' exit, the final uploads, the summary, the exit; of it (not in the sum): the
-                           removal of the checkpoints the end retired (rank 0's wait for its writer after final/),
+                           removal of the checkpoints the end retired (rank 0's wait for its writer after final/;
+                           near 0 where a finished run's removal goes on behind the ranks' end),
                            from rank 0's report to the job's exit (the ranks' teardown, the launcher's, the
                            controller's end), and the final uploads
     other                  what is left: the training ranks' launch and their start before the first step
