@@ -109,7 +109,8 @@ def retire(output_dir: Path, keep: int, protected: str | None = None) -> list[Pa
     REMOVING-<name>, and return the renamed folders, to be removed. By hand, not transformers' rotate_checkpoints:
     that removes them in the calling thread, and removing a checkpoint of tens of GB held the steps for seconds
     (4.5 s for Qwen3-1.7B's 27.5 GB on an H100 machine's disk)."""
-    found, whole = all_checkpoints(output_dir), complete(output_dir)
+    found = all_checkpoints(output_dir)
+    whole = [c for c in found if problem(c) is None]
     if keep <= 0 or len(whole) <= keep:
         return []
     oldest_kept = step_of(whole[-keep])
