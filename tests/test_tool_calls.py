@@ -118,3 +118,15 @@ def test_tools_as_json_text_are_read_as_trl_reads_them(tmp_path):
     (found,) = problems(tmp_path, dataset=str(path), chat_template=template(tmp_path, CHATML))
     assert "its chat template renders no tool definitions (the 'tools' column)" in found
     assert read(tmp_path, dataset=str(path)).facts.rows == 20  # the demo's renders them
+
+
+def test_each_source_with_tool_calls_is_rendered_not_only_the_first(tmp_path):
+    """Sources write their calls their own way: one row of each is rendered. Before, the first source's verdict
+    stood for all, and a template that renders objects' arguments alone passed a second source of JSON text ones."""
+    objects_only = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
+                    "<call {{ c.function.name }}{% if c.function.arguments is mapping %} "
+                    "{{ c.function.arguments | tojson }}{% endif %}>{% endfor %}<|im_end|>\n{% endfor %}")
+    first = write(tmp_path / "objects.jsonl", [called(i) for i in range(20)])
+    second = write(tmp_path / "text.jsonl", [called(i, arguments=json.dumps({"city": "Paris"})) for i in range(20)])
+    (found,) = problems(tmp_path, dataset=f"{first},{second}", chat_template=template(tmp_path, objects_only))
+    assert f"renders tool calls without their arguments, and SFT_DATASET: {second} has 20 row(s)" in found

@@ -52,27 +52,25 @@ def problems(s: Settings, tok) -> list[str]:
 def tool_problems(s: Settings, tok, loss_on: str, shape: Shape, sources: list[tuple[str, Dataset]]) -> list[str]:
     """Tool calls and tools' definitions in the rows that the chat template renders as nothing (ChatML's, the demo's
     before, renders a message's content alone): TRL would train on the text without them, silently. Told by
-    rendering one row that has them, as TRL renders it, with each call's name and arguments made marks of their
-    own: a template that renders calls shows the marks, and one that renders tools changes the text with them.
-    TRL's supports_tool_calling asks the same of a made-up exchange, for its training templates only; a row of the
-    data keeps what the template may need of it (call ids, the tools, chat_template_kwargs)."""
+    rendering one row that has them of each source, as TRL renders it (sources write them their own way: arguments
+    as objects in one, as JSON text in another), with each call's name and arguments made marks of their own: a
+    template that renders calls shows the marks, and one that renders tools changes the text with them. TRL's
+    supports_tool_calling asks the same of a made-up exchange, for its training templates only; a row of the data
+    keeps what the template may need of it (call ids, the tools, chat_template_kwargs)."""
     if tok is None or not tok.chat_template or not shape.conversational:
         return []
     template = _training_template(tok, loss_on)
-    found, lost = [], {}
+    found = []
     for label, dataset in sources:
         calls, defined = checks.tool_rows(dataset, shape)
-        if calls and "calls" not in lost:
-            lost["calls"] = _lost_calls(tok, template, _conversation(dataset[calls[0]], shape))
-        if defined and "tools" not in lost:
-            given = next((c for i in defined[:100] if (c := _conversation(dataset[i], shape))[1]["tools"]), None)
-            lost["tools"] = given is not None and _lost_tools(tok, template, given)
-        if calls and lost["calls"]:
-            found.append(f"{owner(s)}: its chat template renders {lost['calls']}, and {label} has {len(calls)} row(s) "
+        lost = calls and _lost_calls(tok, template, _conversation(dataset[calls[0]], shape))
+        given = next((c for i in defined[:100] if (c := _conversation(dataset[i], shape))[1]["tools"]), None)
+        if lost:
+            found.append(f"{owner(s)}: its chat template renders {lost}, and {label} has {len(calls)} row(s) "
                          f"with them ({checks.rows_named(calls)}): the model would be trained on those turns without "
                          "their calls. Set SFT_CHAT_TEMPLATE to a template that renders tool_calls (Qwen3's does: "
                          "<tool_call> and the call as JSON), or remove the calls")
-        if defined and lost["tools"]:
+        if given is not None and _lost_tools(tok, template, given):
             found.append(f"{owner(s)}: its chat template renders no tool definitions (the 'tools' column), and {label} "
                          f"has {len(defined)} row(s) with them ({checks.rows_named(defined)}): the model would be "
                          "trained without them. Set SFT_CHAT_TEMPLATE to a template that renders tools (Qwen3's "
