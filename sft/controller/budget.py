@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..console import say
-from ..planner.budget import Budget, BudgetCall, Overheads, gate
+from ..planner.budget import Budget, BudgetCall, Overheads, Projection, gate
 from ..planner.deadline import ASSUMED_SAVE_BYTES_PER_S, ASSUMED_UPLOAD_BYTES_PER_S
 from ..planner.decision import Decision
 from ..settings import Settings
-from . import figures
 from .preflight import Needs
 
 
@@ -31,10 +30,9 @@ def overheads(d: Decision, total_params: int, trainer_args: Mapping[str, Any], u
     return Overheads(save_seconds=checkpoint / ASSUMED_SAVE_BYTES_PER_S, final_seconds=final_s)
 
 
-def check(s: Settings, fig: dict[str, Any], extra: Overheads, ranks: int) -> BudgetCall:
-    """The gate's call on the probe's figures (no projection, e.g. too few steps timed: refused when capped)."""
+def check(s: Settings, p: Projection | None, ranks: int) -> BudgetCall:
+    """The gate's call on the probe's projection (None, e.g. too few steps timed: refused when capped)."""
     budget = Budget(s.max_hours, s.max_cost, s.budget_action)
-    p = figures.projection(fig, s, extra)
     if p is None:
         if budget.capped:
             return BudgetCall("refuse", "the probe timed too few steps to project the run against "

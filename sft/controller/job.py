@@ -25,7 +25,8 @@ from ..events import BudgetChecked, Decided, Ended, EventLog, SettingsResolved, 
 from ..checkpoints import free_disk
 from ..handoff import write_json
 from ..hub.errors import HubError
-from ..planner import decide, disk, restart
+from ..planner import decide, restart
+from ..planner.budget import Projection
 from ..planner.decision import Decision
 from ..planner.inputs import GPU, CannotRun, Ranks
 from ..planner.plan import format_table
@@ -163,13 +164,15 @@ def probed(job: Runner, parts: summary.Parts, given, recheck, probe_only: bool, 
     parts.decision = d = outcome.decision
     parts.phases.done("batch_search_and_probe")
     if outcome.code == exitcodes.DONE:
-        parts.budget = call = budget_of(job.s, outcome, job, d, job.events, probe_only)
+        # the run ahead at the probe's speed, once: the budget's gate and the disk's room both read it
+        p = figures.projection(outcome.figures or {}, job.s, job.overheads(d))
+        parts.budget = call = budget_of(job.s, p, outcome, d, job.events, probe_only)
         if call.verdict == "truncate" and not probe_only:
             parts.decision = d = decide.cap_steps(d, call.max_steps, "the steps that fit the budget "
                                                                      "(SFT_BUDGET_ACTION=truncate)")
         if call.verdict == "refuse" and not probe_only:
             return d, outcome.held, Ending(exitcodes.OVER_BUDGET, "over budget", outcome.held)
-        if not probe_only and not disk_after_probe(job, outcome, d, given, facts, parts.preflight):
+        if not probe_only and not disk_after_probe(job, p, d, given, facts, parts.preflight):
             return d, outcome.held, Ending(exitcodes.PREFLIGHT, "preflight failed", outcome.held)
     if outcome.code != exitcodes.DONE or probe_only:
         status = {exitcodes.DONE: "probed", exitcodes.STOPPED: "stopped"}.get(outcome.code, "probe failed")
@@ -224,13 +227,12 @@ def preflight_of(job: Runner, facts: machine.Facts, given, probe_only: bool, par
     return None
 
 
-def disk_after_probe(job: Runner, outcome: probe.Outcome, d: Decision, given, facts: machine.Facts,
+def disk_after_probe(job: Runner, p: Projection | None, d: Decision, given, facts: machine.Facts,
                      at_start: list[preflight.Check] | None) -> bool:
     """The disk against the checkpoints this run saves at the probe's speed (SFT_SAVE_MINUTES' cadence, and its
-    end's): a run shorter than the limit's saves keeps fewer at once, so the start asked room for one only. Said
+    end's where it saves one): a run shorter than the limit's saves keeps fewer at once, so the start asked room for one only. Said
     where the start's check was short; False (exit 3) where the disk cannot hold them."""
-    p = figures.projection(outcome.figures or {}, job.s, job.overheads(d), d.max_steps)
-    saves = None if p is None else p.saves()  # unknown: as many as the limit's
+    saves = None if p is None else p.saves(d.max_steps)  # d.max_steps: the budget's cap; unknown: the limit's
     needs = dataclasses.replace(preflight.Needs.of(d, given.shape.total_params, job.s.save_total_limit,
                                                    job.s.extra_trainer_args, end_saves=job.end_saves), saves=saves)
     now = dataclasses.replace(facts, free_disk_bytes=free_disk(facts.output_dir))
@@ -241,10 +243,10 @@ def disk_after_probe(job: Runner, outcome: probe.Outcome, d: Decision, given, fa
     return check.status != preflight.FAIL
 
 
-def budget_of(s: Settings, outcome: probe.Outcome, runner: Runner, d: Decision, events: EventLog,
+def budget_of(s: Settings, p: Projection | None, outcome: probe.Outcome, d: Decision, events: EventLog,
               probe_only: bool):
     """The budget gate on the probe's projection, said, and its event."""
-    call = budget.check(s, outcome.figures or {}, runner.overheads(d), d.ranks.world)
+    call = budget.check(s, p, d.ranks.world)
     budget.report(call, refusing=not probe_only)
     if call.verdict != "none":
         fig = outcome.figures or {}
