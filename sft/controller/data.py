@@ -66,8 +66,9 @@ def read(s: Settings, ranks: Ranks) -> Found:
     except CannotRun as e:
         problems.append(str(e))
         loss = s.loss_on  # the rows are still checked for what the user asked
-    problems += _row_problems(train, loaded, shape, loss, "SFT_DATASET", s.empty_rows)
-    problems += template.tool_problems(s, tok, loss, shape, _of_shape(train, loaded, shape, "SFT_DATASET"))
+    rows = _of_shape(train, loaded, shape, "SFT_DATASET")
+    problems += _row_problems(rows, shape, loss, s.empty_rows)
+    problems += template.tool_problems(s, tok, loss, shape, rows)
     evaluation = _eval_sources(s, facts, shape, loss, problems, tok)
     problems += template.problems(s, tok)
     if problems:
@@ -165,11 +166,11 @@ def _one_shape(loaded: list, sources: list[DataSource], var: str, problems: list
     return next(iter(found.values()), None)
 
 
-def _row_problems(sources: list[DataSource], loaded: list, shape: shapes.Shape, loss: str, var: str,
-                  empty_rows: str = "error") -> list[str]:
-    """The rows' problems, in each source that loaded with the shape (the others' problem is said already)."""
-    return [p for label, dataset in _of_shape(sources, loaded, shape, var)
-            for p in checks.row_problems(dataset, shape, label, loss, empty_rows)]
+def _row_problems(of_shape: list[tuple[str, Dataset]], shape: shapes.Shape, loss: str, empty_rows: str = "error"
+                  ) -> list[str]:
+    """The rows' problems, in each source that loaded with the shape (`_of_shape`: the others' problem is said
+    already)."""
+    return [p for label, dataset in of_shape for p in checks.row_problems(dataset, shape, label, loss, empty_rows)]
 
 
 def _of_shape(sources: list[DataSource], loaded: list, shape: shapes.Shape, var: str) -> list[tuple[str, Dataset]]:
@@ -214,8 +215,9 @@ def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str,
     if eval_shape is not None and eval_shape != shape:
         problems.append(f"{var}: the evaluation data is {eval_shape.name} and the training data {shape.name}: "
                         "evaluate on data of the training's shape")
-    problems += _row_problems(sources, loaded, shape, loss, var, s.empty_rows)
-    problems += template.tool_problems(s, tok, loss, shape, _of_shape(sources, loaded, shape, var))
+    rows = _of_shape(sources, loaded, shape, var)
+    problems += _row_problems(rows, shape, loss, s.empty_rows)
+    problems += template.tool_problems(s, tok, loss, shape, rows)
     return sources, loaded
 
 
