@@ -174,3 +174,14 @@ def test_config_of_a_model_folder_without_a_tokenizer_stops_at_once(tmp_path):
     result = run_entrypoint(env, "config")
     assert result.returncode == 2 and "no tokenizer.json, and AutoTokenizer finds no other" in result.stderr
     assert result.stdout == ""
+
+
+def test_data_of_a_model_folder_without_a_tokenizer_names_the_tokenizer_not_the_template(tmp_path):
+    """Before: `data` loaded the empty tokenizer AutoTokenizer gives and said the chat template renders every row as no
+    token at all (fix the template)."""
+    env = clean_environ(tmp_path)
+    env.update(SFT_MODEL=str(model_without(tmp_path, "tokenizer.json", "tokenizer_config.json")),
+               SFT_DATASET=str(DEMO_DATA))
+    result = run_entrypoint(env, "data")
+    assert result.returncode == 2 and "no tokenizer in the folder (missing tokenizer.json" in result.stderr
+    assert "chat template" not in result.stderr and result.stdout == ""

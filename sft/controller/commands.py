@@ -138,7 +138,7 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
     from ..planner import data as data_rules
     from . import data as data_step
 
-    s, ranks = checked(inputs.ALWAYS)
+    s, ranks = checked(inputs.DATA)
     deepspeed_logs_to_stderr()
     try:
         found = data_step.read(s, ranks)

@@ -285,6 +285,9 @@ def trainer_args(s: Settings) -> list[str]:
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
 ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
+# `data` tokenises with the model's tokenizer: a folder without one gave an empty tokenizer, whose renderings of every
+# row were blamed on the chat template
+DATA: tuple[Finder, ...] = (*ALWAYS, model_code, model_tokenizer)
 # A missing chat template is the data step's to find (controller/data.py): only conversations need one, and
 # SFT_CHAT_TEMPLATE may bring it.
 CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_weights, model_tokenizer)
