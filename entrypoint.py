@@ -21,6 +21,10 @@ from sft.lifeline import leave  # the job's exit: its last uploads and files don
 from sft.settings import ECOSYSTEM_VARS, describe
 
 
+# GiB of a GPU or a host: the planner divides by them, so 0 and less are refused as SFT_ values are, before it runs
+POSITIVE = click.FloatRange(min=0, min_open=True)
+
+
 def _variables_help() -> str:
     lines = ["\b", "Environment variables (default in brackets):"]
     for var, default, help in describe():
@@ -108,10 +112,8 @@ def status(target: str, revision: str | None, as_json: bool, check: bool, stalle
 @cli.command()
 @click.option("--gpus", type=click.IntRange(min=1), help="GPUs per node of the machine to configure for (default: "
               "detected).")
-@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), help="Memory per GPU in GiB (default: "
-              "detected).")
-@click.option("--host-memory", type=click.FloatRange(min=0, min_open=True), help="Host RAM per node in GiB (default: "
-              "detected).")
+@click.option("--gpu-memory", type=POSITIVE, help="Memory per GPU in GiB (default: detected).")
+@click.option("--host-memory", type=POSITIVE, help="Host RAM per node in GiB (default: detected).")
 @click.option("--env", "env_of", is_flag=False, flag_value="", default=None, metavar="[FOLDER]",
               help="Instead: the settings as an env file (`docker run --env-file`) that reproduces them: the job's "
               "in its output FOLDER, finished or running, or with no FOLDER this environment's. No secret is in it.")
@@ -137,15 +139,17 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
 
 @cli.command()
 @click.option("--model", help="Hub name or local folder (default: SFT_MODEL).")
-@click.option("--gpus", type=int, help="GPUs per node (default: detected).")
-@click.option("--gpu-memory", type=float, help="Memory per GPU in GiB (default: detected).")
-@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes.")
-@click.option("--micro-batch", type=int, help="Sequences per GPU per step (default: SFT_MICRO_BATCH).")
-@click.option("--grad-accum", type=int, help="Micro-batches per optimizer step (default: SFT_GRAD_ACCUM).")
-@click.option("--max-length", type=int, help="Tokens per sequence (default: SFT_MAX_LENGTH).")
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs per node (default: detected).")
+@click.option("--gpu-memory", type=POSITIVE, help="Memory per GPU in GiB (default: detected).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes.")
+@click.option("--micro-batch", type=click.IntRange(min=1), help="Sequences per GPU per step (default: "
+              "SFT_MICRO_BATCH).")
+@click.option("--grad-accum", type=click.IntRange(min=1), help="Micro-batches per optimizer step (default: "
+              "SFT_GRAD_ACCUM).")
+@click.option("--max-length", type=click.IntRange(min=8), help="Tokens per sequence (default: SFT_MAX_LENGTH).")
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=None,
               help="(default: SFT_GRADIENT_CHECKPOINTING)")
-@click.option("--host-memory", type=float, help="Host RAM per node in GiB (default: detected).")
+@click.option("--host-memory", type=POSITIVE, help="Host RAM per node in GiB (default: detected).")
 @click.option("--liger/--no-liger", default=None, help="Liger's kernels (default: SFT_LIGER_KERNELS, auto: on "
               "with GPUs here and liger-kernel installed).")
 @click.option("--sequence-parallel", help="auto, or GPUs of a node that share each row (default: "

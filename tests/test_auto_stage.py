@@ -35,6 +35,19 @@ def test_plan_without_a_gpu_asks_for_the_card(tmp_path):
     assert result.returncode == 2 and "give --gpus N and --gpu-memory GIB" in result.stderr
 
 
+@pytest.mark.parametrize("option, value, expected", [("--gpus", "0", "x>=1"), ("--gpu-memory", "-5", "x>0"),
+                                                     ("--nodes", "0", "x>=1"), ("--micro-batch", "0", "x>=1"),
+                                                     ("--max-length", "-1", "x>=8"), ("--host-memory", "0", "x>0")])
+def test_plan_refuses_a_count_or_a_size_below_one_naming_the_option(tmp_path, option, value, expected):
+    """Before: a ZeroDivisionError's or a ValueError's traceback (exit 1), or a plan for 0 GPUs."""
+    given = {"--gpus": "2", "--gpu-memory": "80", option: value}
+    result = run_entrypoint(clean_environ(tmp_path), "plan", "--model", "demo/tiny-qwen3",
+                            *[part for pair in given.items() for part in pair])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"Invalid value for '{option}': {float(value) if 'memory' in option else value} is not in the range " \
+           f"{expected}" in result.stderr
+
+
 @pytest.mark.slow
 def test_auto_moves_to_the_next_stage_when_the_probe_runs_out_of_memory(tmp_path):
     env = demo_env(tmp_path, probe_steps=3, max_steps=4, save_steps=4)
