@@ -255,3 +255,8 @@ def test_status_of_a_folder_that_holds_no_run_and_of_something_else(tmp_path):
     neither = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", str(tmp_path / "nothing")],
                              env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert neither.returncode == 2 and "neither an output folder nor a Hub repo" in neither.stderr
+    # before: sent to the Hub, whose refusal of the name was said as the Hub not answering (exit 10)
+    bad = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", "not/a/repo"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not/a/repo is neither an output folder nor a Hub repo (owner/name): Repo id must " \
+                                   "be in the form 'repo_name' or 'namespace/repo_name'" in bad.stderr, bad.stderr
