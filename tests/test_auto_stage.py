@@ -35,6 +35,13 @@ def test_plan_without_a_gpu_asks_for_the_card(tmp_path):
     assert result.returncode == 2 and "give --gpus N and --gpu-memory GIB" in result.stderr
 
 
+def test_plan_names_a_model_option_that_names_no_model(tmp_path):
+    """Checked as SFT_MODEL is; before, '/nope' was read as a Hub name and refused with the Hub's rule for names."""
+    result = run_entrypoint(clean_environ(tmp_path), "plan", "--model", str(tmp_path / "nope"), "--gpus", "1",
+                            "--gpu-memory", "80")
+    assert result.returncode == 2 and f"--model={str(tmp_path / 'nope')!r}: no such file or folder" in result.stderr
+
+
 @pytest.mark.parametrize("option, value, expected", [("--gpus", "0", "x>=1"), ("--gpu-memory", "-5", "x>0"),
                                                      ("--nodes", "0", "x>=1"), ("--micro-batch", "0", "x>=1"),
                                                      ("--max-length", "-1", "x>=8"), ("--host-memory", "0", "x>0")])

@@ -19,6 +19,7 @@ from .. import exitcodes, nodes, tracking
 from ..planner import disk
 from ..planner.inputs import GPU, CannotRun, Machine, Ranks
 from ..settings import Settings, hub_name_problem, refusal
+from ..settings.checks import model_problems
 from ..units import GIB
 from . import inputs, machine, prepare
 
@@ -162,6 +163,8 @@ def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnod
 
     deepspeed_logs_to_stderr()
     s, problems = prepare.settings()  # the ranks are those of the machine the options describe, below
+    if asked["model"] is not None:  # in SFT_MODEL's place: checked as it is
+        problems += model_problems("--model", asked["model"])
     if problems := problems + inputs.problems(s, inputs.DECIDING):
         refuse("settings are", problems)
     facts = machine.measure(s.output_dir)

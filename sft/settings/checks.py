@@ -127,6 +127,11 @@ def flash_attention_4_installed() -> bool:  # also the machine's fact (controlle
         return False
 
 
+def model_problems(var: str, value: str) -> list[str]:
+    """Why `value` names no model, as SFT_MODEL's are told (`plan --model` gives one in its place)."""
+    return _check_source(var, value, expect_dir=True)
+
+
 def _check_source(var: str, value: str, expect_dir: bool) -> list[str]:
     path = Path(os.path.expanduser(value))
     if not looks_local(value):
