@@ -99,6 +99,8 @@ BAD = [
     ("SFT_DATASET", str(DEMO_MODEL / "chat_template.jinja"), "expected a .jsonl, .json, .parquet, .csv file"),
     ("SFT_DATASET", "a.jsonl:0", "a row count must be at least 1"),
     ("SFT_DATASET", "a.jsonl,,b.jsonl", "an empty entry"),
+    ("SFT_DATASET", f"{DEMO_DATA}:-5", "no such file or folder (':-5' is no amount: a row count such as :5000, or a "
+     "weight such as :0.5)"),
     ("SFT_LOSS_ON", "prompt", "expected one of auto, all, assistant, completion"),
     ("SFT_EVAL_FRACTION", "1", "expected less than 1"),
     ("SFT_EVAL_STEPS", "0", "expected at least 1"),

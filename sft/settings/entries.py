@@ -113,13 +113,21 @@ def problems(var: str, value: str) -> list[str]:
             if hub_name_problem(e.path) is not None:
                 found.append(head + not_a_name(e.path, "neither a local path nor a Hub name such as trl-lib/Capybara"))
         elif not os.path.exists(path):
-            found.append(head + "no such file or folder")
+            found.append(head + "no such file or folder" + _amount_hint(e.path))
         elif e.kind == "file" and not is_data_file(path):
             found.append(head + f"expected a {FORMATS_SAID}, a folder of them, or a folder written by datasets' "
                          "save_to_disk")
         elif e.kind == "folder":
             found += [head + p for p in _folder_problems(path)]
     return found
+
+
+def _amount_hint(path: str) -> str:
+    """Where what follows the last ':' is an amount that does not parse ('-5', 'abc'), after a path that exists."""
+    before, colon, after = path.rpartition(":")
+    if not colon or not os.path.exists(os.path.expanduser(before)):
+        return ""
+    return f" (':{after}' is no amount: a row count such as :5000, or a weight such as :0.5)"
 
 
 def _folder_problems(path: Path) -> list[str]:
