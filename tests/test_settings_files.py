@@ -108,6 +108,15 @@ max_length: 1024
     assert "NotToBeShown" not in "\n".join(problems)
 
 
+def test_a_key_under_another_tools_name_is_pointed_to_its_setting(isolated_env):
+    """Spelling alone found nothing near 'lr'; the environment's variables are told the same (test_settings.py)."""
+    path = job_file(isolated_env, "lr: 2e-5\nmax_seq_length: 1024\n")
+    with pytest.raises(SettingsError) as e:
+        from_env({"SFT_CONFIG": path})
+    assert [p.split(" (")[1].split(";")[0] for p in e.value.problems] == ["did you mean learning_rate?",
+                                                                           "did you mean max_length?"]
+
+
 @pytest.mark.parametrize("text, why", [
     ("model: x\n  dataset: [y\n", "not YAML at line 2, column 10: mapping values are not allowed here"),
     ("- model: x\n", "expected a mapping of settings (learning_rate: 2e-5, one a line), found a list"),

@@ -36,6 +36,9 @@ ALIASES = {
     "hub_model_id": "hub_repo",
     "chat_template_path": "chat_template",
 }
+# Other tools' names for a setting, for an unknown key's or variable's hint alone (not read as the setting: a
+# batch_size may be the global one); spelling alone finds nothing near 'lr'
+HINTS = {"lr": "learning_rate", "batch_size": "micro_batch", "max_seq_length": "max_length", "seq_len": "max_length"}
 # A switch of TRL's that is one value of a setting here: bf16 true or false is SFT_PRECISION bf16 or fp32
 SWITCHES = {"bf16": ("precision", {True: "bf16", False: "fp32"})}
 # Keys that would hold a secret (TRL's hub_token, a pasted HF_TOKEN or WANDB_API_KEY): refused without their value.
@@ -116,7 +119,8 @@ def _setting_of(key: str, value: Any, names: set[str]) -> tuple[str, str | None]
         return name, None
     if SECRET.search(key):
         return name, "a secret is read from the environment only (-e HF_TOKEN, -e WANDB_API_KEY), never from a file"
-    close = difflib.get_close_matches(key, [*sorted(names - {"config"}), *ALIASES, *SWITCHES], n=1)
+    close = [HINTS[key]] if key in HINTS else difflib.get_close_matches(key, [*sorted(names - {"config"}), *ALIASES,
+                                                                            *SWITCHES], n=1)
     hint = f"did you mean {close[0]}?" if close else "`entrypoint.py --help` lists the settings"
     return name, f"unknown key ({hint}; an SFTConfig argument with no setting goes under trainer_args:)"
 

@@ -67,16 +67,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     return settings
 
 
-# Other tools' names for a setting, for the hint alone (a job file takes TRL's: files.ALIASES); spelling alone
-# points elsewhere: SFT_LR to SFT_MODEL, SFT_GRADIENT_ACCUMULATION_STEPS to SFT_GRADIENT_CHECKPOINTING
-HINTS = {"lr": "learning_rate", "batch_size": "micro_batch", "max_seq_length": "max_length", "seq_len": "max_length"}
-
-
 def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
     problems = []
     for var in sorted(v for v in environ if v.startswith(PREFIX) and v not in fields):
-        rest = var[len(PREFIX):].lower()
-        close = [env_name(n)] if (n := files.ALIASES.get(rest) or HINTS.get(rest)) else difflib.get_close_matches(
+        rest = var[len(PREFIX):].lower()  # under TRL's name or another tool's, spelling alone points elsewhere:
+        # SFT_LR to SFT_MODEL, SFT_GRADIENT_ACCUMULATION_STEPS to SFT_GRADIENT_CHECKPOINTING
+        close = [env_name(n)] if (n := files.ALIASES.get(rest) or files.HINTS.get(rest)) else difflib.get_close_matches(
             var, fields, n=1)
         hint = f"did you mean {close[0]}?" if close else ("see `entrypoint.py --help` for the list; TRL's other "
                                                           "arguments go in SFT_TRAINER_ARGS")
