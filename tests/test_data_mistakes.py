@@ -326,6 +326,18 @@ def test_content_as_a_list_of_parts_is_named_not_rendered_as_nothing(tmp_path):
         "message's content as one string"]
 
 
+@pytest.mark.parametrize("content", [{"text": "Hi."}, 42])
+def test_content_as_an_object_or_a_number_is_named_not_rendered_as_nothing(tmp_path, content):
+    """Before: the demo's template (Qwen3's) rendered the assistant's turn as nothing, and it trained so, silently."""
+    data = chats(40)
+    data[4]["messages"][-1]["content"] = content
+    path = tmp_path / "object.jsonl"
+    path.write_text(jsonl(data))
+    assert problems(tmp_path, dataset=str(path)) == [
+        f"SFT_DATASET: {path}: in 'messages' of row 5: 'content' is an object or a number, not text, which a chat "
+        "template renders as nothing or as Python would print it: write each message's content as one string"]
+
+
 def test_plain_rows_then_rows_with_tool_calls_mix_in_either_order(tmp_path):
     """datasets types messages with tool calls as JSON text and plain ones as structs: a struct casts to JSON, not
     back. Before, the plain source first failed with a traceback (TypeError: Couldn't cast array of type string)."""
