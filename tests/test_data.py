@@ -186,6 +186,24 @@ def test_the_first_rows_problems_are_said_as_trl_would_meet_them(tmp_path):
         f"SFT_DATASET: {empty_first}: the first row's 'messages' is an empty conversation: remove the rows with none"]
 
 
+def test_a_csv_of_conversations_or_of_semicolons_is_told_what_to_do(tmp_path):
+    """Before: "the first row's 'messages' is a str" and "found columns: text;id", with the shapes TRL takes."""
+    import csv
+
+    chats = tmp_path / "chats.csv"
+    with chats.open("w", newline="") as f:
+        csv.writer(f).writerows([["messages"], *([json.dumps(r["messages"])] for r in rows("messages", 4))])
+    semicolons = tmp_path / "semicolons.csv"
+    semicolons.write_text("text;id\nHello;1\nHi;2\n")
+    with pytest.raises(DataError) as e:
+        read(tmp_path, dataset=f"{chats},{semicolons}")
+    assert e.value.problems == [
+        f"SFT_DATASET: {chats}: the first row's 'messages' is JSON written as text (a CSV's cells are text): "
+        "conversations are lists of messages: save them as .jsonl or .parquet",
+        f"SFT_DATASET: {semicolons}: one column, named 'text;id': a CSV whose columns are separated by ';' is read as "
+        "one column: separate them with commas"]
+
+
 def test_text_columns_must_hold_text(tmp_path):
     numbers = write(tmp_path / "n.csv", [{"prompt": "1 + 1 =", "completion": 2}] * 4)
     nulls = write(tmp_path / "nulls.jsonl", [{"text": "a"}, {"text": None}, {"text": "b"}])

@@ -87,10 +87,16 @@ def why_not(dataset: Dataset) -> str:
         return "no rows"
     usable = [c for c in ("prompt", "completion", "messages", "conversations", "text") if c in columns]
     if not usable or usable == ["prompt"] or usable == ["completion"]:
+        if len(columns) == 1 and (sep := next((c for c in ";\t|" if c in columns[0]), None)):  # Excel's ';' export
+            return (f"one column, named {columns[0]!r}: a CSV whose columns are separated by {sep!r} is read as "
+                    "one column: separate them with commas")
         return f"no column TRL can train on ({found}); expected {ACCEPTED}"
     row = dataset[0]
     for c in usable:
         value = row[c]
+        if c in ("messages", "conversations") and isinstance(value, str) and value.lstrip().startswith("["):
+            return (f"the first row's {c!r} is JSON written as text (a CSV's cells are text): conversations are "
+                    "lists of messages: save them as .jsonl or .parquet")
         if isinstance(value, list) and value and isinstance(value[0], dict) and "role" not in value[0] \
                 and c != "conversations":
             return (f"{c!r} holds messages without a 'role' (the first row's have keys {sorted(value[0])}): each "
