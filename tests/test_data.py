@@ -70,7 +70,13 @@ def test_a_single_file_is_the_split_train(tmp_path):
     path = write(tmp_path / "one.jsonl", rows("text", 5))
     with pytest.raises(DataError) as e:
         load(DataSource(str(path), split="test"))
-    assert "no split 'test' (a single file is the one split 'train')" in e.value.problems[0]
+    assert e.value.problems == [f"SFT_DATASET: {path}: no split 'test' (a single file is the one split 'train'): "
+                                "leave the split unset, or give a folder whose files are named for their splits "
+                                "(train.jsonl, test.jsonl)"]
+    with pytest.raises(DataError) as e:  # before: datasets' 'Unknown split "test". Should be one of ['train'].'
+        load(DataSource(str(path), split="test"), "SFT_EVAL_SPLIT")
+    assert e.value.problems[0].endswith("(a single file is the one split 'train'): hold evaluation rows out with "
+                                        "SFT_EVAL_FRACTION, or give a file of them in SFT_EVAL_DATASET")
 
 
 def test_save_to_disk_folders_are_read_as_datasets_wrote_them(tmp_path):

@@ -132,8 +132,12 @@ def _saved(source: DataSource, label: str) -> Dataset:
 def _why(error: Exception, source: DataSource, kind: str, label: str, var: str) -> list[str]:
     text = str(error).strip() or type(error).__name__
     if "Unknown split" in text:
-        one_file = " (a single file is the one split 'train')" if kind == "file" else ""
-        return [f"{label}: no split {source.split!r}{one_file}: {text.splitlines()[0]}"]
+        if kind != "file":
+            return [f"{label}: no split {source.split!r}: {text.splitlines()[0]}"]
+        fix = ("hold evaluation rows out with SFT_EVAL_FRACTION, or give a file of them in SFT_EVAL_DATASET" if
+               var == "SFT_EVAL_SPLIT" else "leave the split unset, or give a folder whose files are named for their "
+               "splits (train.jsonl, test.jsonl)")
+        return [f"{label}: no split {source.split!r} (a single file is the one split 'train'): {fix}"]
     if kind in ("file", "folder"):
         path = Path(os.path.expanduser(source.path))
         paths = [path] if kind == "file" else sorted(p for p in path.rglob("*") if is_data_file(p))
