@@ -185,3 +185,18 @@ def test_data_of_a_model_folder_without_a_tokenizer_names_the_tokenizer_not_the_
     result = run_entrypoint(env, "data")
     assert result.returncode == 2 and "no tokenizer in the folder (missing tokenizer.json" in result.stderr
     assert "chat template" not in result.stderr and result.stdout == ""
+
+
+def test_a_model_folder_whose_config_is_not_json_is_named_once_with_its_fix(tmp_path):
+    """Before: config said it twice, once as the tokenizer's ('copy the tokenizer files'), with the network's fix, and
+    data said the tokenizer's alone."""
+    folder = model_without(tmp_path)
+    (folder / "config.json").write_text('{"model_type": "qwen3", ')
+    env = clean_environ(tmp_path)
+    env.update(SFT_MODEL=str(folder), SFT_DATASET=str(DEMO_DATA))
+    for command in ("config", "data"):
+        result = run_entrypoint(env, command)
+        problems = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
+        assert result.returncode == 2 and len(problems) == 1, result.stderr[-2000:]
+        assert problems[0].startswith(f"  - SFT_MODEL={str(folder)!r}: cannot read its config.json (")
+        assert problems[0].endswith("): copy it again from the model it came from")

@@ -61,8 +61,11 @@ def shape_of(model: str, revision: str | None = None, trust: bool = False) -> Mo
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         hint = ("; set SFT_TRUST_REMOTE_CODE=true only after reading its code" if "trust_remote_code" in str(e)
                 else "")
-        raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): check the name or path, "
-                        f"the network, and HF_HUB_OFFLINE{hint}", exitcodes.BAD_SETTINGS) from None
+        torn = looks_local(model) and not _json(Path(os.path.expanduser(model)) / "config.json")
+        fix = "copy it again from the model it came from" if torn else ("check the name or path, the network, and "
+                                                                        "HF_HUB_OFFLINE")
+        raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): {fix}{hint}",
+                        exitcodes.BAD_SETTINGS) from None
 
 
 class NotACausalLM(ValueError):
@@ -215,8 +218,8 @@ def model_tokenizer(s: Settings) -> list[str]:
     if folder is None:
         return []
     whole = folder / "tokenizer.json"
-    if model_code(s):
-        return []  # named there
+    if model_code(s) or not _json(folder / "config.json"):
+        return []  # named there, or by model_config: AutoTokenizer reads config.json first, and failed on it
     try:
         tokenizer = _tokenizer(folder, s.trust_remote_code)
     except Exception as e:  # noqa: BLE001 - any failure to load is the problem to report
@@ -287,7 +290,7 @@ ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
 # `data` tokenises with the model's tokenizer: a folder without one gave an empty tokenizer, whose renderings of every
 # row were blamed on the chat template
-DATA: tuple[Finder, ...] = (*ALWAYS, model_code, model_tokenizer)
+DATA: tuple[Finder, ...] = (*ALWAYS, model_code, model_config, model_tokenizer)
 # A missing chat template is the data step's to find (controller/data.py): only conversations need one, and
 # SFT_CHAT_TEMPLATE may bring it.
 CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_weights, model_tokenizer)
@@ -313,6 +316,16 @@ def _load_tokenizer(folder: Path, stamp: tuple, trust: bool):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+
+
+def _json(path: Path) -> bool:
+    import json
+
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _first_line(e: BaseException) -> str:
