@@ -200,3 +200,8 @@ def test_a_model_folder_whose_config_is_not_json_is_named_once_with_its_fix(tmp_
         assert result.returncode == 2 and len(problems) == 1, result.stderr[-2000:]
         assert problems[0].startswith(f"  - SFT_MODEL={str(folder)!r}: cannot read its config.json (")
         assert problems[0].endswith("): copy it again from the model it came from")
+    # a Hub model's config is named by the data step, with the data's problems
+    env.update(SFT_MODEL="Qwen/Qwen3-8B", SFT_DATASET="trl-lib/Capybara")
+    result = run_entrypoint(env, "data")
+    assert result.returncode == 2 and "error: the data is not valid" in result.stderr, result.stderr[-2000:]
+    assert "SFT_DATASET: trl-lib/Capybara" in result.stderr and "SFT_MODEL='Qwen/Qwen3-8B'" in result.stderr

@@ -181,6 +181,12 @@ def model_config(s: Settings) -> list[str]:
     return []
 
 
+def folder_config(s: Settings) -> list[str]:
+    """model_config of a model folder alone: a Hub model's is read with its tokenizer by the data step, which names
+    it with the data's problems."""
+    return model_config(s) if _local_folder(s.model) is not None else []
+
+
 def model_weights(s: Settings) -> list[str]:
     """A model folder holds its weights, and every shard its index names: without them every rank fails as it
     loads the model, after the data is read and the ranks started (a copy that stopped part way, say)."""
@@ -290,7 +296,7 @@ ALWAYS: tuple[Finder, ...] = (trainer_args,)
 DECIDING: tuple[Finder, ...] = (*ALWAYS, ds_file)
 # `data` tokenises with the model's tokenizer: a folder without one gave an empty tokenizer, whose renderings of every
 # row were blamed on the chat template
-DATA: tuple[Finder, ...] = (*ALWAYS, model_code, model_config, model_tokenizer)
+DATA: tuple[Finder, ...] = (*ALWAYS, model_code, folder_config, model_tokenizer)
 # A missing chat template is the data step's to find (controller/data.py): only conversations need one, and
 # SFT_CHAT_TEMPLATE may bring it.
 CONFIG: tuple[Finder, ...] = (*DECIDING, model_code, model_config, model_weights, model_tokenizer)
