@@ -8,6 +8,7 @@ demo's, loaded once from the local Hub server)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,16 @@ def test_export_of_a_folder_that_is_not_a_checkpoint(no_settings):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (f"error: {DEMO_MODEL} is not a checkpoint of this job (no latest): give an "
                                      "OUTPUT/checkpoint-N folder the Trainer and DeepSpeed wrote")
+    # a torn one: before, DeepSpeed's converter's traceback (FileNotFoundError: can't find *_model_states.pt files)
+    torn = work / "checkpoint-1"
+    (torn / "global_step1").mkdir(parents=True)
+    (torn / "latest").write_text("global_step1")
+    shutil.copy(DEMO_MODEL / "config.json", torn)
+    result = entrypoint(env, work, "export", str(torn), str(work / "fp32"))
+    one_clear_line(result)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        f"error: {torn} is not complete (no trainer_state.json): export a complete one (`status` names the newest on "
+        "disk)")
 
 
 def test_a_model_that_cannot_be_read_is_one_line(tmp_path):

@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..checkpoints import problem
 from ..settings.fields import TRUE
 
 # The Trainer saves these beside the shards; copied so the export is a complete model folder.
@@ -32,6 +33,9 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     if missing:
         raise NotACheckpoint(f"{checkpoint} is not a checkpoint of this job (no {' or '.join(missing)}): give an "
                              "OUTPUT/checkpoint-N folder the Trainer and DeepSpeed wrote")
+    if (why := problem(checkpoint)) is not None:  # DeepSpeed's converter would fail on it with a traceback
+        raise NotACheckpoint(f"{checkpoint} is not complete ({why}): export a complete one (`status` names the newest "
+                             "on disk)")
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
     trust = os.environ.get("SFT_TRUST_REMOTE_CODE", "").strip().lower() in TRUE  # as the run that wrote it
     try:
