@@ -261,6 +261,15 @@ def test_an_unknown_variable_under_another_tools_name_is_pointed_to_its_setting(
         "SFT_TRAINER_ARGS)"]
 
 
+def test_a_setting_named_in_lower_case_is_refused_not_ignored(isolated_env):
+    """Before: sft_learning_rate=1e-3 was not a variable of the job's, and the run trained at the default rate."""
+    with pytest.raises(SettingsError) as e:
+        from_env({"sft_learning_rate": "1e-3", "Sft_Epochs": "3", "sft_other": "1"})
+    assert e.value.problems == ["Sft_Epochs: unknown setting (a variable's name is upper case: SFT_EPOCHS)",
+                                "sft_learning_rate: unknown setting (a variable's name is upper case: "
+                                "SFT_LEARNING_RATE)"]
+
+
 def test_every_problem_is_reported_at_once(isolated_env):
     with pytest.raises(SettingsError) as e:
         from_env({"SFT_ZERO_STAGE": "9", "SFT_EPOCHS": "x", "SFT_LERNING_RATE": "1", "SFT_SEED": "-2"})

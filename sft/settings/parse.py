@@ -68,7 +68,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
-    problems = []
+    # a setting's name in lower or mixed case (-e sft_learning_rate=...) was ignored, and its default trained
+    problems = [f"{var}: unknown setting (a variable's name is upper case: {var.upper()})" for var in sorted(environ)
+                if var not in fields and var.upper() in fields]
     for var in sorted(v for v in environ if v.startswith(PREFIX) and v not in fields):
         rest = var[len(PREFIX):].lower()  # under TRL's name or another tool's, spelling alone points elsewhere:
         # SFT_LR to SFT_MODEL, SFT_GRADIENT_ACCUMULATION_STEPS to SFT_GRADIENT_CHECKPOINTING
