@@ -249,15 +249,16 @@ def test_unknown_variable_is_an_error_with_a_suggestion(isolated_env):
 
 
 def test_an_unknown_variable_under_another_tools_name_is_pointed_to_its_setting(isolated_env):
-    """Spelling alone pointed SFT_LR to SFT_MODEL and TRL's gradient_accumulation_steps to gradient checkpointing."""
+    """Spelling alone pointed SFT_LR to SFT_MODEL, TRL's gradient_accumulation_steps to gradient checkpointing and
+    TRL's warmup_ratio to SFT_EVAL_FRACTION."""
     with pytest.raises(SettingsError) as e:
         from_env({"SFT_LR": "1e-4", "SFT_GRADIENT_ACCUMULATION_STEPS": "4", "SFT_HUB_MODEL_ID": "me/x",
-                  "SFT_WEIGHT_DECAY": "0.1"})
+                  "SFT_WARMUP_RATIO": "0.1"})
     assert e.value.problems == [
         "SFT_GRADIENT_ACCUMULATION_STEPS: unknown setting (did you mean SFT_GRAD_ACCUM?)",
         "SFT_HUB_MODEL_ID: unknown setting (did you mean SFT_HUB_REPO?)",
         "SFT_LR: unknown setting (did you mean SFT_LEARNING_RATE?)",
-        "SFT_WEIGHT_DECAY: unknown setting (see `entrypoint.py --help` for the list; TRL's other arguments go in "
+        "SFT_WARMUP_RATIO: unknown setting (see `entrypoint.py --help` for the list; TRL's other arguments go in "
         "SFT_TRAINER_ARGS)"]
 
 

@@ -74,8 +74,9 @@ def _unknown_variables(environ: Mapping[str, str], fields: dict) -> list[str]:
     for var in sorted(v for v in environ if v.startswith(PREFIX) and v not in fields):
         rest = var[len(PREFIX):].lower()  # under TRL's name or another tool's, spelling alone points elsewhere:
         # SFT_LR to SFT_MODEL, SFT_GRADIENT_ACCUMULATION_STEPS to SFT_GRADIENT_CHECKPOINTING
+        # 0.7: the shared SFT_ lifts every pair; at difflib's 0.6 SFT_WARMUP_RATIO meant SFT_EVAL_FRACTION
         close = [env_name(n)] if (n := files.ALIASES.get(rest) or files.HINTS.get(rest)) else difflib.get_close_matches(
-            var, fields, n=1)
+            var, fields, n=1, cutoff=0.7)
         hint = f"did you mean {close[0]}?" if close else ("see `entrypoint.py --help` for the list; TRL's other "
                                                           "arguments go in SFT_TRAINER_ARGS")
         problems.append(f"{var}: unknown setting ({hint})")
