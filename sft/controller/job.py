@@ -230,8 +230,8 @@ def preflight_of(job: Runner, facts: machine.Facts, given, probe_only: bool, par
 def disk_after_probe(job: Runner, p: Projection | None, d: Decision, given, facts: machine.Facts,
                      at_start: list[preflight.Check] | None) -> bool:
     """The disk against the checkpoints this run saves at the probe's speed (SFT_SAVE_MINUTES' cadence, and its
-    end's where it saves one): a run shorter than the limit's saves keeps fewer at once, so the start asked room for one only. Said
-    where the start's check was short; False (exit 3) where the disk cannot hold them."""
+    end's where it saves one): a run shorter than the limit's saves keeps fewer at once, so the start asked room for
+    one only. Said where the start's check was short; False (exit 3) where the disk cannot hold them."""
     saves = None if p is None else p.saves(d.max_steps)  # d.max_steps: the budget's cap; unknown: the limit's
     needs = dataclasses.replace(preflight.Needs.of(d, given.shape.total_params, job.s.save_total_limit,
                                                    job.s.extra_trainer_args, end_saves=job.end_saves), saves=saves)
