@@ -259,7 +259,8 @@ def test_the_room_after_a_save_waits_for_a_disk_that_counts_removed_blocks_free_
     checkpoints.remove_retired(out)  # behind the steps, while the newest is written
     make_checkpoint(out, 30, ranks=1, extra={"weights.bin": os.urandom(size)})
     newest = checkpoints.folder_bytes(out / "checkpoint-30")
-    args = SimpleNamespace(output_dir=str(out), save_total_limit=2, bf16=True, load_best_model_at_end=False)
+    args = SimpleNamespace(output_dir=str(out), save_total_limit=2, bf16=True, load_best_model_at_end=False,
+                           save_strategy="steps")  # the end saves one, and final/ is links to it
     state, model = SimpleNamespace(global_step=30, max_steps=100), torch.nn.Linear(4, 4)
 
     def a_disk(room: int, lag_s: float) -> None:
