@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .. import checkpoints, exitcodes, nodes
+from ..handoff import read_json
 from ..settings.entries import looks_local
 from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine, Ranks
 from ..planner.shape import ModelShape
@@ -61,7 +62,7 @@ def shape_of(model: str, revision: str | None = None, trust: bool = False) -> Mo
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         hint = ("; set SFT_TRUST_REMOTE_CODE=true only after reading its code" if "trust_remote_code" in str(e)
                 else "")
-        torn = looks_local(model) and not _json(Path(os.path.expanduser(model)) / "config.json")
+        torn = looks_local(model) and read_json(Path(os.path.expanduser(model)) / "config.json") is None
         fix = "copy it again from the model it came from" if torn else ("check the name or path, the network, and "
                                                                         "HF_HUB_OFFLINE")
         raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): {fix}{hint}",
@@ -224,7 +225,7 @@ def model_tokenizer(s: Settings) -> list[str]:
     if folder is None:
         return []
     whole = folder / "tokenizer.json"
-    if model_code(s) or not _json(folder / "config.json"):
+    if model_code(s) or read_json(folder / "config.json") is None:
         return []  # named there, or by model_config: AutoTokenizer reads config.json first, and failed on it
     try:
         tokenizer = _tokenizer(folder, s.trust_remote_code)
@@ -322,16 +323,6 @@ def _load_tokenizer(folder: Path, stamp: tuple, trust: bool):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
-
-
-def _json(path: Path) -> bool:
-    import json
-
-    try:
-        json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def _first_line(e: BaseException) -> str:

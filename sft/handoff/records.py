@@ -25,10 +25,10 @@ def write_json(path: Path, data: Any) -> Path:
 
 
 def read_json(path: Path) -> Any:
-    """The JSON in a file; None when it is missing, unreadable or half-written."""
+    """The JSON in a file; None when it is missing, unreadable (not UTF-8) or half-written."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: json's JSONDecodeError and the codec's UnicodeDecodeError
         return None
 
 
