@@ -144,8 +144,8 @@ def tool_rows(dataset: Dataset, shape: Shape) -> tuple[list[int], list[int]]:
 def _contents(flat, parsed, parents, roles, item, shape: Shape, where: str) -> list[str]:
     """Messages whose content no chat template renders: null or missing (an assistant's aside: empty.py), a list of
     parts (OpenAI's [{"type": "text", ...}]), which Qwen3's template renders as nothing, silently, and ChatML's fails
-    on, or an object or a number. `item`: the messages' Arrow type (a struct, or JSON text where their keys differ: `parsed`
-    holds them read)."""
+    on, or an object or a number. `item`: the messages' Arrow type (a struct, or JSON text where their keys differ:
+    `parsed` holds them read)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -168,7 +168,8 @@ def _contents(flat, parsed, parents, roles, item, shape: Shape, where: str) -> l
     missing = sorted({int(parents[i]) for i, a in enumerate(absent) if a})
     parts = sorted({int(parents[i]) for i, c in enumerate(contents) if isinstance(c, list)})
     # an object ({"text": ...}) or a number: Qwen3's template renders it as '', ChatML's as Python's repr
-    others = sorted({int(parents[i]) for i, c in enumerate(contents) if c is not None and not isinstance(c, (str, list))})
+    others = sorted({int(parents[i]) for i, c in enumerate(contents)
+                     if c is not None and not isinstance(c, (str, list))})
     named = sorted({str(roles[i]) for i, a in enumerate(absent) if a})
     found = []
     if missing:

@@ -286,7 +286,8 @@ class ProgressCallback(TrainerCallback):
 def room_after(args, state, model, every: int, retired: int = 0) -> tuple[bool, str]:
     """The newest checkpoint's real size against the room the rest of the run needs, a checkpoint every `every`
     steps and one at the end where it saves one: (fits, why). The background write in flight counts as on the disk
-    already, the retired checkpoints as gone. `retired`: the bytes this save's retired checkpoints held (freed_by_removal)."""
+    already, the retired checkpoints as gone. `retired`: the bytes this save's retired checkpoints held
+    (freed_by_removal)."""
     from ..checkpoints import all_checkpoints, folder_bytes, free_after_writes, unwritten_bytes
 
     out = Path(args.output_dir)

@@ -159,8 +159,9 @@ class Settings:
                                   "loss was NaN).", choices=SWITCH)
     learning_rate: float = _setting(1e-5, "Peak learning rate (AdamW).", gt=0)
     save_minutes: float | None = _setting(None, "Minutes of training between checkpoints (and one at a stop; "
-                                          "the end writes the model alone, final/); unset: SFT_UPLOAD_MINUTES, so every checkpoint saved is one the "
-                                          "uploader sends. Not with SFT_SAVE_STEPS.", gt=0)
+                                          "the end writes the model alone, final/); unset: SFT_UPLOAD_MINUTES, so "
+                                          "every checkpoint saved is one the uploader sends. Not with SFT_SAVE_STEPS.",
+                                          gt=0)
     save_steps: int | None = _setting(None, "Save a checkpoint every this many optimizer steps instead of by time "
                                       "(SFT_SAVE_MINUTES).", min=1)
     save_total_limit: int = _setting(2, "Checkpoints kept (the newest); older ones are deleted.", min=1)
