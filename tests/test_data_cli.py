@@ -98,3 +98,70 @@ def test_a_tokenizer_without_a_pad_token_is_said_to_pad_with_its_eos(tmp_path):
         "data: pad token: the tokenizer has none, so TRL sets its end-of-sequence token '<|im_end|>' (id 2) as the pad "
         "token, and the saved model and tokenizer keep it; padding carries no loss, so the tokens learned are the same "
         "(to pad with another token, set pad_token in the model's tokenizer_config.json)"]
+
+
+# --- a bad setting and bad data, in one round
+
+
+def test_a_bad_setting_and_bad_data_are_named_in_one_round(tmp_path):
+    """Before, the settings' problems stopped every command before the data was read: a user fixed them, started
+    again, and only then met the data's. Now the data's problems that do not hang on a refused setting come with
+    them, exit 2, nothing started or written."""
+    chats = rows("messages", 20)
+    chats[9]["messages"] = []
+    bad = write(tmp_path / "bad.jsonl", chats)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"messages": []}\n{"messages": [\n')
+    env = {**demo_env(tmp_path, dataset=f"{bad}, {broken}", learning_rate="abc"), "SFT_EPOCH": "2"}
+    for command in ("run", "config", "data"):
+        result = run_entrypoint(env, command)
+        assert result.returncode == 2, command + result.stdout[-3000:] + result.stderr[-3000:]
+        assert "Traceback" not in result.stdout + result.stderr
+        said = result.stderr[result.stderr.index("error: the settings are not valid"):].splitlines()
+        assert said == [
+            "error: the settings are not valid; nothing was started:",
+            "  - SFT_EPOCH: unknown setting (did you mean SFT_EPOCHS?)",
+            "  - SFT_LEARNING_RATE='abc': expected a number",
+            "error: the data is not valid; nothing was started:",
+            f"  - SFT_DATASET: {broken}, line 2: not JSON (Expecting value at column 15)",
+            f"  - SFT_DATASET: {bad}: 1 empty conversation(s) in 'messages' (row 10): remove them"], command
+        assert "torch.distributed.run" not in result.stdout + result.stderr  # no rank started
+        assert not (tmp_path / "out").exists()  # nothing written
+
+
+def _beside(tmp_path, **settings) -> list[str]:
+    """rowchecks.beside on the settings of the demo's environment with these, as the commands call it."""
+    from sft.controller import prepare
+    from sft.controller.rowchecks import beside
+
+    s, problems = prepare.settings(demo_env(tmp_path, **settings))
+    assert problems, "the test needs a refused setting"
+    return beside(s, problems)
+
+
+def test_the_data_checks_that_read_a_refused_setting_are_left_out(tmp_path, isolated_env):
+    """A refused setting holds its default, not the user's value: the checks that read it would judge the wrong
+    data (a typo of SFT_DATASET's name: the default's) or the wrong rule, so they wait for the fix."""
+    chats = rows("messages", 20)
+    chats[3]["messages"][-1]["content"] = ""  # teaches nothing: refused by SFT_EMPTY_ROWS=error, the default
+    chats[9]["messages"] = []
+    path = write(tmp_path / "chat.jsonl", chats)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"messages": [\n')
+    empty_row = f"SFT_DATASET: {path}: 1 row(s) teach nothing"
+    empty_conversation = f"SFT_DATASET: {path}: 1 empty conversation(s) in 'messages' (row 10): remove them"
+    found = _beside(tmp_path, dataset=path, learning_rate="abc", loss_on="completion")
+    assert [p[:len(empty_row)] for p in found] == [
+        "SFT_LOSS_ON=completion needs prompt/completion data, and this data is conversational language modeling: "
+        "use assistant (conversations) or all"[:len(empty_row)], empty_row, empty_conversation[:len(empty_row)]]
+    # SFT_EMPTY_ROWS and SFT_LOSS_ON refused: their checks are left out, the others still run
+    assert _beside(tmp_path, dataset=path, empty_rows="dorp", loss_on="completions") == [empty_conversation]
+    # the sources themselves refused, or named by a typo: nothing of the data is read
+    assert _beside(tmp_path, dataset=f"{broken}, {path}:x") == []
+    assert _beside(tmp_path, dataset=broken, datset="chat.jsonl") == []
+    assert _beside(tmp_path, dataset=broken, config=tmp_path / "no-such-job.yaml") == []  # it may name SFT_DATASET
+    # the long rows need SFT_MAX_LENGTH and the tokens: the data step's, after the fix; good data says nothing
+    good = write(tmp_path / "good.jsonl", rows("messages", 4))
+    assert _beside(tmp_path, dataset=good, max_length="abc") == []
+    # a Hub dataset waits for the data step (no download before the settings are fixed)
+    assert _beside(tmp_path, dataset="trl-lib/Capybara", learning_rate="abc") == []

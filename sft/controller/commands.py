@@ -30,6 +30,16 @@ def refuse(what: str, problems: list[str]) -> NoReturn:
     sys.exit(exitcodes.BAD_SETTINGS)
 
 
+def refuse_settings(s: Settings, problems: list[str], reads_data: bool = True) -> NoReturn:
+    """Exit 2 listing every problem of the settings and, for a command that reads the data, every problem of the data
+    that can be found beside them (rowchecks.beside): a user fixes both at once, not one, then the other."""
+    from .rowchecks import beside
+
+    found = beside(s, problems) if reads_data else []
+    click.echo(refusal("settings are", problems) + ("\n" + refusal("data is", found) if found else ""), err=True)
+    sys.exit(exitcodes.BAD_SETTINGS)
+
+
 def fail(message: str, code: int) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
@@ -43,11 +53,12 @@ def deepspeed_logs_to_stderr() -> None:
 
 
 def checked(finders: tuple[inputs.Finder, ...], gpus: tuple[GPU, ...] | None = None,
-            nnodes: int = 1) -> tuple[Settings, Ranks]:
-    """The settings and their ranks on this machine's GPUs (or `gpus`), or exit 2 listing every problem."""
+            nnodes: int = 1, reads_data: bool = True) -> tuple[Settings, Ranks]:
+    """The settings and their ranks on this machine's GPUs (or `gpus`), or exit 2 listing every problem (the data's
+    too, where the command reads it)."""
     found = prepare.checked(finders, machine.gpus() if gpus is None else gpus, nnodes)
     if found.problems or found.ranks is None:
-        refuse("settings are", found.problems)
+        refuse_settings(found.settings, found.problems, reads_data)
     tracking.hide(tracking.unused(found.settings.report_to, found.settings.ds_config))  # before DeepSpeed's import
     return found.settings, found.ranks
 
@@ -196,7 +207,7 @@ def doctor() -> None:
     """This machine's checks for the job, against the needs of the run the settings describe where they are known."""
     from . import preflight
 
-    s, ranks = checked(inputs.DECIDING)
+    s, ranks = checked(inputs.DECIDING, reads_data=False)
     facts = machine.measure(s.output_dir)
     try:
         given = prepare.prepare(s, facts, ranks, read_data=False)
@@ -292,5 +303,5 @@ def job(probe_only: bool) -> int:
             check.cancel()
         if waiting is not None:
             waiting.end()
-        refuse("settings are", problems)
+        refuse_settings(s, problems)
     return recipe.run(s, ranks, gpus, check, waiting, probe_only=probe_only)

@@ -1,6 +1,6 @@
 """The data step, before any rank starts and before anything is written: resolve the Hub revisions, load every
-source as the ranks will (data/sources.py), and check it all (data/checks.py). Every problem is collected
-and raised at once as DataError, which the job reports like a settings problem (exit 2).
+source as the ranks will and check its rows (rowchecks.py), then what needs the tokenizer and the tokens. Every
+problem is collected and raised at once as DataError, which the job reports like a settings problem (exit 2).
 
 What it found, the DataFacts, is what the decision's data rules read (planner/data.py).
 """
@@ -8,20 +8,18 @@ What it found, the DataFacts, is what the decision's data rules read (planner/da
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..data import DataError, checks, shapes
 from ..data.empty import WHAT
 from ..data.tokens import pad_note
-from ..settings.entries import looks_local, parse
+from ..settings.entries import parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
 from ..planner import rules
 from ..planner.inputs import CannotRun, DataFacts, Ranks
 from ..settings import Settings
-from . import revisions, template
+from . import rowchecks, template
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -47,15 +45,10 @@ class Found:
 
 def read(s: Settings, ranks: Ranks) -> Found:
     """Load and check the training and evaluation data (raises DataError listing every problem)."""
-    import logging
-
-    import datasets
-
-    datasets.disable_progress_bars()  # the controller's log says what it read in one line
-    datasets.logging.set_verbosity(logging.CRITICAL)  # a file datasets cannot read is said below, in one line
+    rowchecks.quiet()
     problems: list[str] = []
-    train, loaded = _sources([_source(s, e) for e in parse(s.dataset)], "SFT_DATASET", problems)
-    shape = _one_shape(loaded, train, "SFT_DATASET", problems)
+    train, loaded = rowchecks.load([rowchecks.source(s, e) for e in parse(s.dataset)], "SFT_DATASET", problems)
+    shape = rowchecks.one_shape(loaded, train, "SFT_DATASET", problems)
     tok = _tokenizer(s, shape, problems)
     if shape is None:
         raise DataError(problems)
@@ -66,8 +59,8 @@ def read(s: Settings, ranks: Ranks) -> Found:
     except CannotRun as e:
         problems.append(str(e))
         loss = s.loss_on  # the rows are still checked for what the user asked
-    rows = _of_shape(train, loaded, shape, "SFT_DATASET")
-    problems += _row_problems(rows, shape, loss, s.empty_rows)
+    rows = rowchecks.of_shape(train, loaded, shape, "SFT_DATASET")
+    problems += rowchecks.row_problems(rows, shape, loss, s.empty_rows)
     problems += template.tool_problems(s, tok, loss, shape, rows)
     evaluation = _eval_sources(s, facts, shape, loss, problems, tok)
     problems += template.problems(s, tok)
@@ -98,85 +91,6 @@ def _without_empty(s: Settings, sources: list[DataSource], loaded: list, var: st
         raise DataError([f"{var}: {path}: every row teaches nothing ({WHAT}), so SFT_EMPTY_ROWS=drop leaves none: "
                          "fill them, or remove the source" for path in none])
     return [d for d, _ in kept], sum(gone for _, gone in kept)
-
-
-def _source(s: Settings, entry) -> DataSource:
-    hub = not looks_local(entry.path)
-    return DataSource(entry.path, s.dataset_split, config=s.dataset_config if hub else None,
-                      revision=s.dataset_revision if hub else None, rows=entry.rows, weight=entry.weight)
-
-
-def _sources(sources: list[DataSource], var: str, problems: list[str]) -> tuple[list[DataSource], list]:
-    """The sources with each Hub dataset's revision made a commit, and each loaded (None where it could not
-    be: its problem is added to `problems`)."""
-    from ..data.sources import load
-
-    resolved, loaded = [], []
-    for src in sources:
-        try:
-            if not looks_local(src.path):
-                src = dataclasses.replace(src, revision=revisions.resolve(src.path, "dataset", src.revision))
-            resolved.append(src)
-            if bad := _not_utf8(src):
-                problems.extend(f"{var}: {line}" for line in bad)
-                loaded.append(None)
-                continue
-            loaded.append(load(src, var))
-        except revisions.RevisionError as e:
-            problems.append(f"{var}: {e}")
-            resolved.append(src)
-            loaded.append(None)
-        except DataError as e:
-            problems.extend(e.problems)
-            loaded.append(None)
-    return resolved, loaded
-
-
-def _not_utf8(src: DataSource) -> list[str]:
-    """What a local source's files must not be when datasets reads them (data/files.py: not UTF-8, a first row that
-    crashes pyarrow): said here, once, before it reads them."""
-    from ..data.files import before_reading
-    from ..settings.entries import Entry, is_data_file
-
-    kind, path = Entry(src.path).kind, Path(os.path.expanduser(src.path))
-    if kind == "file":
-        return before_reading([path])
-    if kind == "folder":
-        return before_reading(sorted(p for p in path.rglob("*") if is_data_file(p) and p.is_file()))
-    return []
-
-
-def _one_shape(loaded: list, sources: list[DataSource], var: str, problems: list[str]) -> shapes.Shape | None:
-    """The one shape of the sources that loaded (None: none has one; the problems say why)."""
-    found = {}
-    for source, dataset in zip(sources, loaded, strict=True):
-        if dataset is None:
-            continue
-        try:
-            shape = shapes.shape_of(dataset)
-        except UnicodeDecodeError as e:  # a Hub dataset's file that is not UTF-8 (local files are checked before)
-            problems.append(f"{var}: {source.path}: its text is not UTF-8 ({e.reason} at byte {e.start}): save its "
-                            "files as UTF-8")
-            continue
-        if shape is None:
-            problems.append(f"{var}: {source.path}: {shapes.why_not(dataset)}")
-        else:
-            found[source.path] = shape
-    problems += checks.shapes_differ(found, var)
-    return next(iter(found.values()), None)
-
-
-def _row_problems(of_shape: list[tuple[str, Dataset]], shape: shapes.Shape, loss: str, empty_rows: str = "error"
-                  ) -> list[str]:
-    """The rows' problems, in each source that loaded with the shape (`_of_shape`: the others' problem is said
-    already)."""
-    return [p for label, dataset in of_shape for p in checks.row_problems(dataset, shape, label, loss, empty_rows)]
-
-
-def _of_shape(sources: list[DataSource], loaded: list, shape: shapes.Shape, var: str) -> list[tuple[str, Dataset]]:
-    """(its label, its rows) of each source that loaded with the shape."""
-    return [(f"{var}: {source.path}", dataset) for source, dataset in zip(sources, loaded, strict=True)
-            if dataset is not None and shapes.shape_of(dataset) == shape]
 
 
 def _tokenizer(s: Settings, shape: shapes.Shape | None, problems: list[str]):
@@ -210,13 +124,7 @@ def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str,
     if not sources:
         return None
     var = "SFT_EVAL_DATASET" if s.eval_dataset else "SFT_EVAL_SPLIT"
-    sources, loaded = _sources(sources, var, problems)
-    eval_shape = _one_shape(loaded, sources, var, problems)
-    if eval_shape is not None and eval_shape != shape:
-        problems.append(f"{var}: the evaluation data is {eval_shape.name} and the training data {shape.name}: "
-                        "evaluate on data of the training's shape")
-    rows = _of_shape(sources, loaded, shape, var)
-    problems += _row_problems(rows, shape, loss, s.empty_rows)
+    sources, loaded, rows = rowchecks.evaluation(sources, var, shape, loss, s.empty_rows, problems)
     problems += template.tool_problems(s, tok, loss, shape, rows)
     return sources, loaded
 
