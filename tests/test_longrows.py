@@ -47,7 +47,9 @@ def test_every_training_row_is_counted_as_trl_prepares_it(tmp_path, lengths):
     _, found = read(tmp_path)
     longer = sum(n > LENGTH for n in lengths)
     assert 0 < longer < len(lengths)
-    assert found.long_rows == longrows.LongRows(len(lengths), longer, max(lengths), min(lengths), LENGTH, "truncate")
+    assert found.long_rows == longrows.count(lengths, LENGTH, "truncate")
+    assert found.long_rows.to_dict() == {"rows": len(lengths), "longer": longer, "longest": max(lengths),
+                                         "shortest": min(lengths), "max_length": LENGTH, "action": "truncate"}
     line = (f"data: long rows: {longer} of {len(lengths)} training rows are longer than SFT_MAX_LENGTH=64 tokens "
             f"and will be cut to it (the longest: {max(lengths)}; SFT_LONG_ROWS=truncate)")
     assert line in found.notes and len(found.train) == len(lengths)  # TRL cuts them while it prepares the data
@@ -77,20 +79,53 @@ def test_drop_keeps_the_held_out_evaluation_rows_apart(tmp_path):
     assert train["messages"] == found.train["messages"] and evaluation["messages"] == found.eval["messages"]
 
 
-def test_error_refuses_them_naming_how_many_and_the_longest(tmp_path, lengths):
+def test_error_refuses_them_naming_the_first_the_longest_and_a_length_that_fits(tmp_path, lengths):
     with pytest.raises(DataError) as e:
         read(tmp_path, long_rows="error")
-    longer = sum(n > LENGTH for n in lengths)
-    assert e.value.problems == [f"SFT_LONG_ROWS=error: {longer} of 512 training rows are longer than SFT_MAX_LENGTH="
-                                f"64 tokens (the longest: {max(lengths)}): raise SFT_MAX_LENGTH to {max(lengths)}, or "
-                                "set SFT_LONG_ROWS=truncate or drop"]
+    at = [i for i, n in enumerate(lengths) if n > LENGTH]
+    first = ", ".join(f"{i + 1} ({lengths[i]}{' tokens' if k == 0 else ''})" for k, i in enumerate(at[:3]))
+    assert e.value.problems == [
+        f"SFT_LONG_ROWS=error: {len(at)} of 512 training rows are longer than SFT_MAX_LENGTH=64 tokens, in {DEMO_DATA} "
+        f"rows {first} and {len(at) - 3} more, the longest row {lengths.index(max(lengths)) + 1} ({max(lengths)} "
+        "tokens): raise SFT_MAX_LENGTH to 128 (every row fits), or set SFT_LONG_ROWS=truncate (each cut to "
+        "SFT_MAX_LENGTH) or drop (left out)"]
+    with pytest.raises(DataError) as held:  # rows held out: the training rows are no longer the file's, in order
+        read(tmp_path, long_rows="error", eval_fraction=0.1)
+    assert ", training rows " in held.value.problems[0] and ", the longest training row " in held.value.problems[0]
+
+
+EITHER = "SFT_LONG_ROWS=truncate (each cut to SFT_MAX_LENGTH) or drop (left out)"
+
+
+@pytest.mark.parametrize("lengths,max_length,advice", [
+    # one row of ten million tokens among rows of 500: not a length for every row, one for 99% of them
+    ([500] * 6 + [10_000_000] + [500] * 993, 256, "raise SFT_MAX_LENGTH to 512, which 99.9% of the rows fit, with "
+     f"{EITHER} for the 1 still longer; or keep 256 with either"),
+    # a few outliers where 99% fit already: truncate or drop them, not a longer length for every step
+    ([100] * 997 + [10_000_000] * 3, 2048, f"99.7% of the rows fit SFT_MAX_LENGTH=2048 (the longest would need "
+     f"10,000,000): set {EITHER}"),
+    # the longest within twice that: every row fits, in whole blocks of 128
+    ([100] * 990 + [3000] * 10, 2048, f"raise SFT_MAX_LENGTH to 3,072 (every row fits), or set {EITHER}"),
+])
+def test_the_fix_suggested_for_long_rows_is_a_length_most_rows_fit(lengths, max_length, advice):
+    found = longrows.count(lengths, max_length, "error")
+    assert found.advice() == advice
+    assert "10,000,000 (every row" not in found.problem(packing=True)  # before: raise SFT_MAX_LENGTH to 10000000
+
+
+def test_error_names_the_first_long_rows_and_the_longest_counted_from_1():
+    found = longrows.count([10, 90, 10, 70, 80, 300, 99], 64, "error")
+    assert found.first == ((1, 90), (3, 70), (4, 80)) and found.longest_at == 5
+    assert found.named("chat.jsonl") == ("in chat.jsonl rows 2 (90 tokens), 4 (70), 5 (80) and 2 more, the longest "
+                                         "row 6 (300 tokens)")
+    assert longrows.count([10, 300], 64, "error").named() == "training row 2 (300 tokens)"  # the longest is shown
 
 
 def test_error_exits_2_before_anything_is_written(tmp_path, lengths):
     result = run_entrypoint(demo_env(tmp_path, long_rows="error", max_length=LENGTH))
     assert result.returncode == exitcodes.BAD_SETTINGS, result.stdout[-3000:] + result.stderr[-3000:]
     assert (f"SFT_LONG_ROWS=error: {sum(n > LENGTH for n in lengths)} of 512 training rows are longer than "
-            f"SFT_MAX_LENGTH=64 tokens (the longest: {max(lengths)})") in result.stdout + result.stderr
+            f"SFT_MAX_LENGTH=64 tokens, in {DEMO_DATA} rows ") in result.stdout + result.stderr
     assert not (tmp_path / "out" / "run").exists() and not list((tmp_path / "out").glob("checkpoint-*"))
 
 

@@ -223,7 +223,7 @@ def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str
                          "rows as no token at all, which teaches nothing: fix the template (does it loop over "
                          "messages?), or remove the rows"])
     found.long_rows = longrows.count(lengths, s.max_length, s.long_rows)
-    if (problem := found.long_rows.problem(s.packing)) is not None:
+    if (problem := found.long_rows.problem(s.packing, _in_order(s, found))) is not None:
         return [problem], [found.tokens.line()], lengths
     if s.long_rows == "drop" and found.long_rows.longer:
         drop = longrows.dropped(lengths, s.max_length)
@@ -232,6 +232,14 @@ def _long_rows(s: Settings, found: Found, labeller) -> tuple[list[str], list[str
         gone = set(drop)
         lengths = [n for i, n in enumerate(lengths) if i not in gone]
     return [], [found.tokens.line(), found.long_rows.line()], lengths
+
+
+def _in_order(s: Settings, found: Found) -> str:
+    """The one source whose rows the training rows are, in its order (no amount drawn, no row held out or left out),
+    so a training row's place is its row there; '' where they are not."""
+    (one, *more) = found.facts.train
+    alone = not more and one.rows is None and one.weight is None
+    return one.path if alone and s.eval_fraction == 0 and not found.empty_dropped else ""
 
 
 def _trainer_args(s: Settings) -> dict:

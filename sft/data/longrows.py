@@ -10,8 +10,9 @@ ranks draw them (DataPlan.dropped), so the ranks count nothing again. Error: the
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +24,15 @@ if TYPE_CHECKING:
     from .tokens import Labeller
 
 DONE = {"truncate": "will be cut to it", "drop": "are left out", "error": "are refused"}
+COVER = 99  # the percent of the rows an SFT_MAX_LENGTH suggested for long rows fits at least
+ROUND = 128  # a suggested SFT_MAX_LENGTH is whole blocks of flex attention's (planner/memory.py's MASK_BLOCK)
+SUMMARY = ("rows", "longer", "longest", "shortest", "max_length", "action")  # run/summary.json's long_rows
 
 
 @dataclass(frozen=True)
 class LongRows:
-    """How many training rows are longer than max_length, the longest, and what is done with them."""
+    """How many training rows are longer than max_length, the longest, and what is done with them; for a refusal,
+    the first of them and an SFT_MAX_LENGTH that fits most rows (count() says which)."""
 
     rows: int
     longer: int
@@ -35,6 +40,10 @@ class LongRows:
     shortest: int
     max_length: int
     action: str  # SFT_LONG_ROWS: truncate, drop, error
+    first: tuple[tuple[int, int], ...] = ()  # (position in the training rows, tokens) of the first long rows
+    longest_at: int = 0  # the longest row's position
+    suggested: int = 0  # an SFT_MAX_LENGTH above max_length for them (0: none is reasonable)
+    over_suggested: int = 0  # the rows still longer than it
 
     def line(self) -> str:
         """One line for the log."""
@@ -45,24 +54,57 @@ class LongRows:
                 f"{self.max_length} tokens and {DONE[self.action]} (the longest: {self.longest:,}; "
                 f"SFT_LONG_ROWS={self.action})")
 
-    def problem(self, packing: bool) -> str | None:
-        """Why these rows cannot be trained on as asked, with what would do; None: they can."""
+    def problem(self, packing: bool, where: str = "") -> str | None:
+        """Why these rows cannot be trained on as asked, with what would do; None: they can. `where`: the source
+        whose rows the training rows are, in order (its path), to name the long ones by its rows."""
         every = self.longer == self.rows and self.rows > 0
         if self.action == "error" and self.longer:
             return (f"SFT_LONG_ROWS=error: {self.longer:,} of {self.rows:,} training rows are longer than "
-                    f"SFT_MAX_LENGTH={self.max_length} tokens (the longest: {self.longest:,}): raise SFT_MAX_LENGTH "
-                    f"to {self.longest}, or set SFT_LONG_ROWS=truncate or drop")
+                    f"SFT_MAX_LENGTH={self.max_length} tokens, {self.named(where)}: {self.advice()}")
         if self.action == "drop" and every:
             return (f"SFT_LONG_ROWS=drop: every one of the {self.rows:,} training rows is longer than "
-                    f"SFT_MAX_LENGTH={self.max_length} tokens, so none is left: raise SFT_MAX_LENGTH (the longest: "
-                    f"{self.longest:,}) or set SFT_LONG_ROWS=truncate")
+                    f"SFT_MAX_LENGTH={self.max_length} tokens, so none is left: {self._raise()}"
+                    f"{' (the others left out)' if self.over_suggested else ''}, or set SFT_LONG_ROWS=truncate")
         if self.action == "truncate" and every and not packing:
             return (f"SFT_DATASET: all {self.rows} rows are longer than SFT_MAX_LENGTH={self.max_length} tokens "
                     f"(shortest {self.shortest}, longest {self.longest}): {checks.CUT.format(limit=self.max_length)}")
         return None
 
+    def named(self, where: str = "") -> str:
+        """The first long rows and the longest, counted from 1: 'in chat.jsonl rows 4 (95 tokens), 9 (70) and 12
+        more, the longest row 300 (10,000,000 tokens)'; by their place in the training rows where no one source's
+        rows are the training rows in order (`where` empty: a mixture, rows held out or left out)."""
+        row = "row" if where else "training row"
+        shown = ", ".join(f"{i + 1} ({n:,}{' tokens' if k == 0 else ''})" for k, (i, n) in enumerate(self.first))
+        more = f" and {self.longer - len(self.first):,} more" if self.longer > len(self.first) else ""
+        longest = ("" if self.longest_at in (i for i, _ in self.first) else
+                   f", the longest {row} {self.longest_at + 1} ({self.longest:,} tokens)")
+        return f"{f'in {where} ' if where else ''}{row}{'s' if self.longer > 1 else ''} {shown}{more}{longest}"
+
+    def advice(self) -> str:
+        """What would train on them: a longer SFT_MAX_LENGTH where one fits them all or most, and truncate or drop for
+        those it does not."""
+        either = "SFT_LONG_ROWS=truncate (each cut to SFT_MAX_LENGTH) or drop (left out)"
+        if not self.suggested:
+            return (f"{self._fit(self.longer)} of the rows fit SFT_MAX_LENGTH={self.max_length} (the longest would "
+                    f"need {self.longest:,}): set {either}")
+        if not self.over_suggested:
+            return f"{self._raise()}, or set {either}"
+        return (f"{self._raise()}, with {either} for the {self.over_suggested:,} still longer; or keep "
+                f"{self.max_length} with either")
+
+    def _raise(self) -> str:
+        """'raise SFT_MAX_LENGTH to 128 (every row fits)', or '... to 512, which 99.9% of the rows fit'."""
+        if not self.over_suggested:
+            return f"raise SFT_MAX_LENGTH to {self.suggested:,} (every row fits)"
+        return f"raise SFT_MAX_LENGTH to {self.suggested:,}, which {self._fit(self.over_suggested)} of the rows fit"
+
+    def _fit(self, longer: int) -> str:
+        """The share of the rows that fit, rounded down: 99.9%, not 100%, while a row does not."""
+        return f"{int(1000 * (self.rows - longer) / self.rows) / 10:g}%"
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k in SUMMARY}
 
 
 SPAN = 2_048  # rows a worker tokenises at a time
@@ -121,8 +163,31 @@ def _part(span: tuple[int, int]) -> str:
 
 
 def count(lengths: list[int], max_length: int, action: str) -> LongRows:
-    return LongRows(rows=len(lengths), longer=sum(n > max_length for n in lengths), longest=max(lengths, default=0),
-                    shortest=min(lengths, default=0), max_length=max_length, action=action)
+    """The long rows of these lengths: how many, in the same pass the first checks.SHOWN of them, and where there are
+    any, the longest's position and a longer SFT_MAX_LENGTH for them (suggest)."""
+    at = (i for i, n in enumerate(lengths) if n > max_length)
+    first = tuple((i, lengths[i]) for i in itertools.islice(at, checks.SHOWN))
+    longer, longest = len(first) + sum(1 for _ in at), max(lengths, default=0)
+    found = LongRows(rows=len(lengths), longer=longer, longest=longest, shortest=min(lengths, default=0),
+                     max_length=max_length, action=action, first=first)
+    if not longer:
+        return found
+    suggested = suggest(lengths, max_length)
+    return replace(found, longest_at=lengths.index(longest), suggested=suggested,
+                   over_suggested=sum(n > suggested for n in lengths) if suggested else 0)
+
+
+def suggest(lengths: list[int], max_length: int) -> int:
+    """An SFT_MAX_LENGTH for rows longer than max_length, in whole ROUNDs: the longest row's, where it is at most twice
+    the one that fits COVER of the rows (or max_length); else that one; 0 where neither is above max_length (a few
+    outliers: truncate or drop them)."""
+    def whole(n: int) -> int:
+        return -(-n // ROUND) * ROUND
+
+    most = whole(sorted(lengths)[-(-COVER * len(lengths) // 100) - 1])  # the COVER-th percentile, rounded up
+    every = whole(max(lengths))
+    chosen = every if every <= 2 * max(most, max_length) else most
+    return chosen if chosen > max_length else 0
 
 
 def dropped(lengths: list[int], max_length: int) -> list[int]:

@@ -128,8 +128,9 @@ class Settings:
     max_length: int = _setting(2048, "Tokens per sequence (row); longer rows: SFT_LONG_ROWS.", min=8)
     long_rows: str = _setting("truncate", "Training rows longer than SFT_MAX_LENGTH, every one counted by the data "
                               "step before any rank starts: truncate (TRL cuts each at the length), drop (left "
-                              "out), or error (exit 2 before anything is written, naming how many and the "
-                              "longest).", choices=LONG_ROWS)
+                              "out), or error (exit 2 before anything is written, naming how many, the first "
+                              "and the longest, and an SFT_MAX_LENGTH that fits 99% of the rows or all).",
+                              choices=LONG_ROWS)
     empty_rows: str = _setting("error", "Rows that teach nothing: an empty or blank text, an empty completion, an "
                                "assistant turn with no content (and no tool call), which would teach the model to "
                                "answer nothing. error: exit 2 naming their rows; drop: left out of the training and "
