@@ -271,3 +271,37 @@ def test_status_of_a_folder_that_holds_no_run_and_of_something_else(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not/a/repo is neither an output folder nor a Hub repo (owner/name): Repo id must " \
                                    "be in the form 'repo_name' or 'namespace/repo_name'" in bad.stderr, bad.stderr
+
+
+# -- DeepSpeed's accelerator notice ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("plan", "--gpus", "1", "--gpu-memory", "80"), ("data", "--rows", "1"), ("config",)])
+def test_the_commands_that_train_nothing_say_nothing_of_deepspeeds_accelerator(tmp_path, args):
+    """On a machine without GPUs DeepSpeed warned "Setting accelerator to CPU. If you have GPU or other accelerator,
+    we were unable to detect it" at its import: noise for plan, data and config, which train nothing here. On the
+    demo they print their answer alone."""
+    from conftest import demo_env
+
+    result = entrypoint(demo_env(tmp_path), REPO, *args)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    said = result.stdout + result.stderr
+    assert "Setting accelerator" not in said and "ds_accelerator" not in said and "[WARNING]" not in said, said[:2000]
+
+
+def test_deepspeeds_other_warnings_still_show():
+    """Only the notice is dropped: every other record of DeepSpeed's logger passes."""
+    import logging
+
+    from sft.controller import commands
+
+    logger = logging.getLogger("DeepSpeed")
+    before = list(logger.filters)
+    try:
+        commands.deepspeed_quiet()
+        notice = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+        assert not logger.filter(logging.makeLogRecord({"msg": notice, "levelno": logging.WARNING}))
+        for other in ("Setting ds_accelerator to cuda (auto detect)", "NCCL timed out", "cpu_adam op not compatible"):
+            assert logger.filter(logging.makeLogRecord({"msg": other, "levelno": logging.ERROR}))
+    finally:
+        logger.filters[:] = before

@@ -45,11 +45,26 @@ def fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+# DeepSpeed's warning at its first look for an accelerator on a machine with no GPU (accelerator/real_accelerator.py)
+CPU_NOTICE = "Setting accelerator to CPU"
+
+
 def deepspeed_logs_to_stderr() -> None:
     """DeepSpeed's logger writes to the stdout it finds at import: keep it off what `config` and `plan` print for
     programs, by importing it while stdout points at stderr."""
+    deepspeed_quiet()
     with contextlib.redirect_stdout(sys.stderr):
         import deepspeed  # noqa: F401
+
+
+def deepspeed_quiet() -> None:
+    """On a machine with no GPU DeepSpeed warns, the first time it looks for an accelerator, that it sets the CPU
+    ("if you have GPU or other accelerator, we were unable to detect it"): noise for a command that trains nothing
+    here (`plan`, `config`, `data`), which names the machine's GPUs itself. That line alone is dropped, by a filter on
+    DeepSpeed's logger (the same logger before and after DeepSpeed is imported); its other warnings and errors show."""
+    import logging
+
+    logging.getLogger("DeepSpeed").addFilter(lambda record: not str(record.msg).startswith(CPU_NOTICE))
 
 
 def checked(finders: tuple[inputs.Finder, ...], gpus: tuple[GPU, ...] | None = None,
@@ -150,6 +165,7 @@ def data(rows: int, per_token: bool, of_eval: bool) -> None:
     from ..planner import data as data_rules
     from . import data as data_step
 
+    deepspeed_quiet()  # before the checks, which may import DeepSpeed
     s, ranks = checked(inputs.DATA)
     deepspeed_logs_to_stderr()
     try:
