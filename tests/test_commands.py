@@ -299,6 +299,8 @@ def test_deepspeeds_other_warnings_still_show():
     before = list(logger.filters)
     try:
         commands.deepspeed_quiet()
+        commands.deepspeed_quiet()
+        assert len(logger.filters) == len(before) + 1  # each command may ask: one filter
         notice = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
         assert not logger.filter(logging.makeLogRecord({"msg": notice, "levelno": logging.WARNING}))
         for other in ("Setting ds_accelerator to cuda (auto detect)", "NCCL timed out", "cpu_adam op not compatible"):

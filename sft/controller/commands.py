@@ -64,7 +64,11 @@ def deepspeed_quiet() -> None:
     DeepSpeed's logger (the same logger before and after DeepSpeed is imported); its other warnings and errors show."""
     import logging
 
-    logging.getLogger("DeepSpeed").addFilter(lambda record: not str(record.msg).startswith(CPU_NOTICE))
+    logging.getLogger("DeepSpeed").addFilter(_not_the_cpu_notice)  # once: the same filter is added once
+
+
+def _not_the_cpu_notice(record) -> bool:
+    return not str(record.msg).startswith(CPU_NOTICE)
 
 
 def checked(finders: tuple[inputs.Finder, ...], gpus: tuple[GPU, ...] | None = None,
