@@ -160,6 +160,12 @@ def test_the_data_checks_that_read_a_refused_setting_are_left_out(tmp_path, isol
     assert _beside(tmp_path, dataset=f"{broken}, {path}:x") == []
     assert _beside(tmp_path, dataset=broken, datset="chat.jsonl") == []
     assert _beside(tmp_path, dataset=broken, config=tmp_path / "no-such-job.yaml") == []  # it may name SFT_DATASET
+    (typo := tmp_path / "typo.yaml").write_text("datset: chat.jsonl\n")  # an unknown key: the file is in doubt
+    assert _beside(tmp_path, dataset=broken, config=typo) == []
+    # a value of the job file refused: that setting, not the file, whose dataset stands
+    (job := tmp_path / "job.yaml").write_text(f"learning_rate: abc\ndataset: {path}\n")
+    found = _beside(tmp_path, config=job, dataset="")  # an empty variable leaves the file's value
+    assert [p[:len(empty_row)] for p in found] == [empty_row, empty_conversation[:len(empty_row)]]
     # the long rows need SFT_MAX_LENGTH and the tokens: the data step's, after the fix; good data says nothing
     good = write(tmp_path / "good.jsonl", rows("messages", 4))
     assert _beside(tmp_path, dataset=good, max_length="abc") == []

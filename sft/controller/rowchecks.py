@@ -37,7 +37,7 @@ def beside(s: Settings, refused: list[str]) -> list[str]:
     as the data step does. A check is left out where the refusal names a setting it reads (SOURCES, EVALUATION,
     SFT_LOSS_ON, SFT_EMPTY_ROWS). Hub datasets, and the checks that need the tokenizer or the tokens (the chat
     template, SFT_MAX_LENGTH's long rows, rows enough for a step), wait for the data step itself."""
-    named = set(re.findall(r"\bSFT_[A-Z0-9_]+", "\n".join(refused)))
+    named = {var for problem in refused for var in _named(problem)}
     train = [] if named & SOURCES else [source(s, e) for e in parse(s.dataset) if looks_local(e.path)]
     if not train:
         return []
@@ -63,6 +63,14 @@ def beside(s: Settings, refused: list[str]) -> list[str]:
             var = "SFT_EVAL_DATASET" if s.eval_dataset else "SFT_EVAL_SPLIT"
             evaluation(held, var, shape, loss, empty_rows, problems)
     return problems
+
+
+def _named(problem: str) -> set[str]:
+    """The settings a problem names. A value the job file gave is said after the file's place ("SFT_CONFIG='job.yaml':
+    line 3, learning_rate: SFT_LEARNING_RATE='abc': ..."): that setting is refused, not the file, whose other values
+    stand; a problem of the file's own (unreadable, an unknown key) names SFT_CONFIG alone."""
+    found = set(re.findall(r"\bSFT_[A-Z0-9_]+", problem))
+    return found - {"SFT_CONFIG"} if len(found) > 1 else found
 
 
 def quiet() -> None:
