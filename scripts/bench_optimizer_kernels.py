@@ -113,10 +113,12 @@ def main(shape: str) -> None:
 
 
 def eight_bit(weights: torch.Tensor, gradients: torch.Tensor, bf16_weights: torch.Tensor, clip: torch.Tensor) -> None:
-    """The step of the options with 8-bit state (sft/ranks/patches/adamw8bit.py: bitsandbytes' blockwise kernel,
-    fed fp32 slices of the bf16 gradients), against what its memory traffic alone would take at the copy's speed."""
+    """The step of the options with 8-bit state (sft/ranks/patches/adamw8bit.py: one kernel from the bf16
+    gradients into bitsandbytes' blockwise state), against what its memory traffic alone would take at the copy's
+    speed, and beside bitsandbytes' own kernel fed fp32 slices of the gradients (the step before that kernel)."""
     try:
         import bitsandbytes as bnb
+        from bitsandbytes import functional as F
     except ImportError:
         click.echo("bitsandbytes not installed: no 8-bit row")
         return
@@ -125,13 +127,27 @@ def eight_bit(weights: torch.Tensor, gradients: torch.Tensor, bf16_weights: torc
     optimizer = bnb.optim.AdamW([weights], lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                 optim_bits=8, is_paged=False)
     ms = timed(lambda: adamw8bit.step(optimizer, 0, weights, gradients, bf16_weights, clip))
+    state = optimizer.state[weights]
+
+    def theirs():  # bitsandbytes' kernel wants the gradient in the master weights' dtype: a fp32 slice at a time
+        for start in range(0, weights.numel(), adamw8bit.SLICE):
+            part = slice(start, start + adamw8bit.SLICE)
+            blocks = slice(start // adamw8bit.BLOCK, (start + adamw8bit.SLICE) // adamw8bit.BLOCK)
+            F.optimizer_update_8bit_blockwise(
+                "adam", gradients[part].float().mul_(clip), weights[part], state["state1"][part],
+                state["state2"][part], 0.9, 0.95, 0.0, 0.0, 1e-8, state["step"], 1e-5, state["qmap1"],
+                state["qmap2"], state["absmax1"][blocks], state["absmax2"][blocks], 0.1)
+            bf16_weights[part].copy_(weights[part])
+
+    bnb_ms = timed(theirs)
     copy = timed(lambda: bf16_weights.copy_(weights))  # 6 bytes an element: read fp32, write bf16
-    # per element: the bf16 gradient read and its fp32 slice written and read (2 + 4 + 4), the fp32 master read and
-    # written (8), two 8-bit moments read and written (4), the bf16 weights written (2): 24 bytes
-    floor = copy * 24 / 6
-    click.echo(f"{ms:8.2f} ms  the job's 8-bit step (sft/ranks/patches/adamw8bit.py: bitsandbytes' blockwise AdamW, "
-               f"fp32 slices of the bf16 gradients x the clipping, then the bf16 weights); its traffic at the copy's "
-               f"speed: {floor:.2f} ms")
+    # per element: the bf16 gradient read (2), the fp32 master read and written (8), two 8-bit moments read and
+    # written (4), the bf16 weights written (2): 16 bytes
+    floor = copy * 16 / 6
+    click.echo(f"{ms:8.2f} ms  the job's 8-bit step (sft/ranks/patches/adamw8bit.py: bitsandbytes' blockwise AdamW in "
+               f"one kernel from the bf16 gradients x the clipping); its traffic at the copy's speed: {floor:.2f} ms")
+    click.echo(f"{bnb_ms:8.2f} ms  bitsandbytes' own kernel, fed fp32 slices of the bf16 gradients x the clipping, "
+               "then the bf16 weights copied")
 
 
 if __name__ == "__main__":

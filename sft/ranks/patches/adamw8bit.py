@@ -14,6 +14,9 @@ checkpoints, their resume and bitsandbytes' state_dict read it as before. It als
 
 from __future__ import annotations
 
+import functools
+import sys
+
 import torch
 
 BLOCK = 256  # bitsandbytes' 8-bit blockwise optimizers quantise the state in blocks of this many elements
@@ -33,6 +36,19 @@ def supports(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
     return args.optim_bits == 8 and args.max_unorm == 0.0 and device.type in ("cuda", "cpu")
 
 
+@functools.cache
+def _kernel_agrees(device: torch.device) -> bool:
+    """The one-pass kernel where it proved itself against bitsandbytes' on this GPU (adamw8bit_kernel.agrees), once
+    per process; else bitsandbytes' kernel, said on stderr."""
+    from . import adamw8bit_kernel
+
+    if adamw8bit_kernel.agrees(device):
+        return True
+    print("8-bit AdamW: the one-pass kernel differs from bitsandbytes' here; bitsandbytes' kernel steps instead",
+          file=sys.stderr, flush=True)
+    return False
+
+
 @torch.no_grad()
 def step(optimizer: torch.optim.Optimizer, group_index: int, master: torch.Tensor, gradient: torch.Tensor,
          weights: torch.Tensor, scale: torch.Tensor) -> None:
@@ -47,11 +63,19 @@ def step(optimizer: torch.optim.Optimizer, group_index: int, master: torch.Tenso
     config = optimizer.get_config(group_index, 0, group)
     state["step"] += 1
     beta1, beta2 = config["betas"][:2]
+    one_pass = master.is_cuda and state["state1"].dtype == torch.uint8 and not config["skip_zeros"] \
+        and _kernel_agrees(master.device)
     for start in range(0, master.numel(), SLICE):
-        part = slice(start, start + SLICE)
+        part, blocks = slice(start, start + SLICE), slice(start // BLOCK, (start + SLICE) // BLOCK)
+        if one_pass:  # one kernel reads the 16-bit slice and writes both weights (adamw8bit_kernel.py)
+            from .adamw8bit_kernel import update
+
+            update(gradient[part], scale, master[part], weights[part], state["state1"][part], state["state2"][part],
+                   state["absmax1"][blocks], state["absmax2"][blocks], state["qmap1"], state["qmap2"],
+                   (beta1, beta2), config["eps"], config["lr"], config["weight_decay"], state["step"])
+            continue
         grad = gradient[part].float().mul_(scale)
         if state["state1"].dtype == torch.uint8:
-            blocks = slice(start // BLOCK, (start + SLICE) // BLOCK)
             F.optimizer_update_8bit_blockwise(
                 "adam", grad, master[part], state["state1"][part], state["state2"][part], beta1, beta2, 0.0, 0.0,
                 config["eps"], state["step"], config["lr"], state["qmap1"], state["qmap2"], state["absmax1"][blocks],
