@@ -45,8 +45,12 @@ def trial(forms):
     results[key] = {"total": total, "steps": r}
     print(forms, total, r, flush=True)
     return total
+if trial(dict(F1=1, F2=1, FD=0, FP=0)) == 0:  # the kernel's default
+    print("the default form agrees")
+    sys.exit(0)
 for f1, f2 in itertools.product(range(3), range(3)):
-    trial(dict(F1=f1, F2=f2, FD=0, FP=0))
+    if (f1, f2) != (1, 1):
+        trial(dict(F1=f1, F2=f2, FD=0, FP=0))
 best = min(results, key=lambda k: results[k]["total"])
 for fd, fp in itertools.product(range(2), range(2)):
     if (fd, fp) != (0, 0):

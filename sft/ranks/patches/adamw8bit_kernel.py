@@ -14,8 +14,9 @@ nvcc contracts are spelled `tl.fma` with Triton's own contraction off, so the st
 bit as bitsandbytes' (tests/test_adamw8bit.py on the GPU), and its checkpoints, resume and state_dict read them.
 That includes its quantisation: a binary search over the 256-entry map (quantize_2D), rounding to the nearer
 neighbour by the midpoint, and the first moment's code moved one step where rounding flipped its sign. Which of a
-sum's two products nvcc contracts is not in the source: the kernel's forms F1, F2, FD and FP spell each choice, 0
-the default, and scripts/adamw8bit_forms.py finds the one that agrees on a GPU. adamw8bit.step uses the kernel only
+sum's two products nvcc contracts is not in the source: the kernel's forms F1, F2, FD and FP spell each choice, and
+scripts/adamw8bit_forms.py finds the one that agrees on a GPU; for bitsandbytes 0.50.2 it is 1, 1, 0, 0 (the moments'
+`(1 - beta) * g` terms fused, their `s * beta` rounded first). adamw8bit.step uses the kernel only
 where `agrees` found it bit for bit with bitsandbytes' there, once per process. Under TRITON_INTERPRET=1 (Triton's
 CPU interpreter, for reading it step by step) exact division and powers stand in for libdevice's fast ones.
 """
@@ -75,7 +76,7 @@ def _quantize(x, q_ptr, LOWER: tl.constexpr):
 
 @triton.jit
 def _moments(s1, s2, g, beta1, beta2, F1: tl.constexpr, F2: tl.constexpr):
-    """Adam's two moments, multiply-adds as nvcc contracts bitsandbytes' `s * beta + (1 - beta) * g`."""
+    """Adam's two moments, multiply-adds as nvcc contracts bitsandbytes' `s * beta + (1 - beta) * g` (F1, F2: 1)."""
     if F1 == 0:
         s1 = tl.fma(s1, beta1, (1.0 - beta1) * g)
     elif F1 == 1:
@@ -122,7 +123,7 @@ def _weights(p, s1, s2, beta1, beta2, eps, lr, decay, step, INTERPRETED: tl.cons
 def _adamw8bit(g_ptr, scale_ptr, p_ptr, w_ptr, c1_ptr, c2_ptr, a1_ptr, a2_ptr, q1_ptr, q2_ptr,
                beta1, beta2, eps, lr, decay, step, n,
                BLOCKS: tl.constexpr, QBLOCK: tl.constexpr, INTERPRETED: tl.constexpr,
-               F1: tl.constexpr = 0, F2: tl.constexpr = 0, FD: tl.constexpr = 0, FP: tl.constexpr = 0):
+               F1: tl.constexpr = 1, F2: tl.constexpr = 1, FD: tl.constexpr = 0, FP: tl.constexpr = 0):
     rows = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
     offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
     valid = offsets < n
