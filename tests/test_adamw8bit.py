@@ -83,3 +83,14 @@ def test_the_one_pass_kernel_agrees_with_bitsandbytes_on_this_gpu():
     from sft.ranks.patches import adamw8bit_kernel
 
     assert adamw8bit_kernel.agrees(torch.device("cuda"))
+
+
+def test_where_the_kernel_cannot_run_bitsandbytes_steps_and_it_is_said(capfd):
+    """Here (no GPU; Triton absent on a CPU host, or unable to run on host tensors) the check says why, once per
+    device, and the step would keep bitsandbytes' kernel."""
+    adamw8bit._kernel_agrees.cache_clear()
+    assert adamw8bit._kernel_agrees(torch.device("cpu")) is False
+    assert adamw8bit._kernel_agrees(torch.device("cpu")) is False
+    said = capfd.readouterr().err
+    assert said.count("8-bit AdamW: the one-pass kernel does not run here") == 1, said
+    assert "bitsandbytes' kernel steps instead" in said

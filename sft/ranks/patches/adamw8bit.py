@@ -40,12 +40,15 @@ def supports(optimizer: torch.optim.Optimizer, device: torch.device) -> bool:
 def _kernel_agrees(device: torch.device) -> bool:
     """The one-pass kernel where it proved itself against bitsandbytes' on this GPU (adamw8bit_kernel.agrees), once
     per process; else bitsandbytes' kernel, said on stderr."""
-    from . import adamw8bit_kernel
+    try:
+        from . import adamw8bit_kernel  # Triton: CUDA builds of torch bring it
 
-    if adamw8bit_kernel.agrees(device):
-        return True
-    print("8-bit AdamW: the one-pass kernel differs from bitsandbytes' here; bitsandbytes' kernel steps instead",
-          file=sys.stderr, flush=True)
+        if adamw8bit_kernel.agrees(device):
+            return True
+        why = "differs from bitsandbytes' here"
+    except Exception as e:  # Triton cannot compile for this GPU, say: bitsandbytes' own kernel may still step
+        why = f"does not run here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    print(f"8-bit AdamW: the one-pass kernel {why}; bitsandbytes' kernel steps instead", file=sys.stderr, flush=True)
     return False
 
 
