@@ -31,7 +31,7 @@ import triton.language as tl
 
 QBLOCK = 256  # bitsandbytes' quantisation block of its 8-bit blockwise optimizers
 BLOCKS = 2  # quantisation blocks per program
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests): no libdevice there
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (reading it on a host): no libdevice
 
 
 @triton.jit
