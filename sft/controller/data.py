@@ -17,7 +17,7 @@ from ..settings.entries import parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
 from ..planner import rules
-from ..planner.inputs import CannotRun, DataFacts, Ranks
+from ..planner.inputs import DataFacts, Ranks
 from ..settings import Settings
 from . import rowchecks, template
 
@@ -54,11 +54,7 @@ def read(s: Settings, ranks: Ranks) -> Found:
         raise DataError(problems)
     facts = DataFacts(shape.name, shape.conversational, shape.prompt_completion, tuple(train),
                       marks_assistant=_marks(tok, s))
-    try:
-        loss, _ = data_rules.loss_mode(s.loss_on, facts)
-    except CannotRun as e:
-        problems.append(str(e))
-        loss = s.loss_on  # the rows are still checked for what the user asked
+    loss = rowchecks.loss_mode(s, facts, problems)
     rows = rowchecks.of_shape(train, loaded, shape, "SFT_DATASET")
     problems += rowchecks.row_problems(rows, shape, loss, s.empty_rows)
     problems += template.tool_problems(s, tok, loss, shape, rows)
@@ -123,8 +119,7 @@ def _eval_sources(s: Settings, facts: DataFacts, shape: shapes.Shape, loss: str,
     sources, _, _ = data_rules.evaluation(s, list(facts.train))
     if not sources:
         return None
-    var = "SFT_EVAL_DATASET" if s.eval_dataset else "SFT_EVAL_SPLIT"
-    sources, loaded, rows = rowchecks.evaluation(sources, var, shape, loss, s.empty_rows, problems)
+    sources, loaded, rows = rowchecks.evaluation(s, sources, shape, loss, s.empty_rows, problems)
     problems += template.tool_problems(s, tok, loss, shape, rows)
     return sources, loaded
 

@@ -49,20 +49,25 @@ def beside(s: Settings, refused: list[str]) -> list[str]:
         return problems
     loss = "all"  # with SFT_LOSS_ON refused: no check of what it asks of the rows
     if "SFT_LOSS_ON" not in named:  # its own check of the shape (the template's: the data step's)
-        try:
-            loss, _ = data_rules.loss_mode(s.loss_on, DataFacts(shape.name, shape.conversational,
-                                                                shape.prompt_completion, tuple(train)))
-        except CannotRun as e:
-            problems.append(str(e))
-            loss = s.loss_on
+        loss = loss_mode(s, DataFacts(shape.name, shape.conversational, shape.prompt_completion, tuple(train)),
+                         problems)
     empty_rows = "drop" if "SFT_EMPTY_ROWS" in named else s.empty_rows  # drop: no row refused for teaching nothing
     problems += row_problems(of_shape(train, loaded, shape, "SFT_DATASET"), shape, loss, empty_rows)
     if not named & EVALUATION:
         held, _, _ = data_rules.evaluation(s, train)
         if held := [e for e in held if looks_local(e.path)]:
-            var = "SFT_EVAL_DATASET" if s.eval_dataset else "SFT_EVAL_SPLIT"
-            evaluation(held, var, shape, loss, empty_rows, problems)
+            evaluation(s, held, shape, loss, empty_rows, problems)
     return problems
+
+
+def loss_mode(s: Settings, facts: DataFacts, problems: list[str]) -> str:
+    """What the loss is computed on for these rows (planner/data.py's rule); where SFT_LOSS_ON cannot be, its problem
+    is added to `problems` and the rows are still checked for what the user asked."""
+    try:
+        return data_rules.loss_mode(s.loss_on, facts)[0]
+    except CannotRun as e:
+        problems.append(str(e))
+        return s.loss_on
 
 
 def _named(problem: str) -> set[str]:
@@ -164,10 +169,12 @@ def of_shape(sources: list[DataSource], loaded: list, shape: shapes.Shape, var: 
             if dataset is not None and shapes.shape_of(dataset) == shape]
 
 
-def evaluation(sources: list[DataSource], var: str, shape: shapes.Shape, loss: str, empty_rows: str,
+def evaluation(s: Settings, sources: list[DataSource], shape: shapes.Shape, loss: str, empty_rows: str,
                problems: list[str]) -> tuple[list[DataSource], list, list[tuple[str, Dataset]]]:
-    """The evaluation's sources loaded and checked as the training's, against the training's shape: (the sources,
-    each loaded or None, the rows of that shape); every problem added to `problems`."""
+    """The evaluation's sources (SFT_EVAL_DATASET's, or SFT_EVAL_SPLIT's) loaded and checked as the training's,
+    against the training's shape: (the sources, each loaded or None, the rows of that shape); every problem added to
+    `problems`."""
+    var = "SFT_EVAL_DATASET" if s.eval_dataset else "SFT_EVAL_SPLIT"
     sources, loaded = load(sources, var, problems)
     eval_shape = one_shape(loaded, sources, var, problems)
     if eval_shape is not None and eval_shape != shape:
