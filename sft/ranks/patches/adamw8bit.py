@@ -68,11 +68,11 @@ def step(optimizer: torch.optim.Optimizer, group_index: int, master: torch.Tenso
     beta1, beta2 = config["betas"][:2]
     one_pass = master.is_cuda and state["state1"].dtype == torch.uint8 and not config["skip_zeros"] \
         and _kernel_agrees(master.device)
+    if one_pass:
+        from .adamw8bit_kernel import update
     for start in range(0, master.numel(), SLICE):
         part, blocks = slice(start, start + SLICE), slice(start // BLOCK, (start + SLICE) // BLOCK)
         if one_pass:  # one kernel reads the 16-bit slice and writes both weights (adamw8bit_kernel.py)
-            from .adamw8bit_kernel import update
-
             update(gradient[part], scale, master[part], weights[part], state["state1"][part], state["state2"][part],
                    state["absmax1"][blocks], state["absmax2"][blocks], state["qmap1"], state["qmap2"],
                    (beta1, beta2), config["eps"], config["lr"], config["weight_decay"], state["step"])
