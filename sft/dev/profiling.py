@@ -70,13 +70,36 @@ class MemorySnapshot(TrainerCallback):
         lines = [f"after step {self.step}: reserved {torch.cuda.memory_reserved() / 2**30:.3f} GiB, peak reserved "
                  f"{torch.cuda.max_memory_reserved() / 2**30:.3f} GiB; {len(events)} segments reserved since the start "
                  f"({sum(e['size'] for e in events) / 2**30:.3f} GiB, freed ones included), largest first:"]
-        for e in sorted(events, key=lambda e: -e["size"])[:25]:
-            python = [f for f in e.get("frames", []) if f["filename"].endswith(".py")]  # innermost first
-            named = [f for f in python if NAMED.search(f["filename"])] or python
-            lines.append(f"  {e['size'] / 2**20:10.1f} MiB  " + " < ".join(
-                f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}" for f in named[:6]))
+        lines += [_segment_line(e) for e in sorted(events, key=lambda e: -e["size"])[:25]]
+        at_peak = _live_at_peak(snapshot)
+        lines.append(f"segments reserved at the history's highest point ({sum(e['size'] for e in at_peak) / 2**30:.3f} "
+                     "GiB), largest first:")
+        lines += [_segment_line(e) for e in sorted(at_peak, key=lambda e: -e["size"])[:40]]
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "memory-rank0.txt").write_text("\n".join(lines) + "\n")
+
+
+def _segment_line(e: dict) -> str:
+    python = [f for f in e.get("frames", []) if f["filename"].endswith(".py")]  # innermost first
+    named = [f for f in python if NAMED.search(f["filename"])] or python
+    return f"  {e['size'] / 2**20:10.1f} MiB  " + " < ".join(
+        f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}" for f in named[:6])
+
+
+def _live_at_peak(snapshot: dict) -> list[dict]:
+    """The segments reserved from the device when, in the recorded history, the most were: the peak's makeup."""
+    live: dict[int, dict] = {}
+    best: list[dict] = []
+    total = best_total = 0
+    for e in (e for trace in snapshot.get("device_traces", []) for e in trace):
+        if e.get("action") == "segment_alloc":
+            live[e["addr"]] = e
+            total += e["size"]
+            if total > best_total:
+                best, best_total = list(live.values()), total
+        elif e.get("action") == "segment_free" and e["addr"] in live:
+            total -= live.pop(e["addr"])["size"]
+    return best
 
 
 def _sync() -> None:
