@@ -149,3 +149,34 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_as_the_log_says(tmp_p
     assert trainer.model.config.pad_token_id == trainer.model.generation_config.pad_token_id == eos != 0
     assert pad_note(tokenizer(str(DEMO_MODEL), None, None), {}) is None  # the demo's has one: <|endoftext|>
     assert pad_note(tok, {"pad_token": "<|endoftext|>"}) is None  # SFT_TRAINER_ARGS' (deprecated in TRL) is used
+
+
+def test_sft_trainer_args_eos_token_ends_the_rows_the_ranks_train_on_as_trls_own(tmp_path, isolated_env):
+    """The ranks train on the data step's tokens (TRL skips its own tokenisation of them). Before, that step ended each
+    text with the tokenizer's eos while TRL's trainer, given SFT_TRAINER_ARGS' eos_token, ends them with that one; and
+    an eos_token the vocabulary lacks failed in every rank instead of before any started."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from sft.controller import data as data_step
+    from sft.data import DataError
+    from sft.planner.inputs import Ranks
+    from sft.settings import Settings
+
+    data = [{"text": f"Some text {i}."} for i in range(8)]
+    path = tmp_path / "text.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    settings = dict(model=str(DEMO_MODEL), dataset=str(path), output_dir=str(tmp_path / "out"), max_length=128,
+                    micro_batch=1, packing=False)
+    found = data_step.read(Settings(**settings, trainer_args='{"eos_token": "<|endoftext|>"}'), Ranks(2, ()))
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_length=128, report_to="none", bf16=False, use_cpu=True,
+                     eos_token="<|endoftext|>")
+    trainer = SFTTrainer(model=str(DEMO_MODEL), args=args, train_dataset=Dataset.from_list(data))
+    theirs = trainer.train_dataset["input_ids"]
+    assert [found.tokens.rows[i]["input_ids"] for i in range(len(data))] == theirs
+    assert theirs[0][-1] == found.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    with pytest.raises(DataError) as e:
+        data_step.read(Settings(**settings, trainer_args='{"eos_token": "</s>"}'), Ranks(2, ()))
+    assert e.value.problems == [
+        """SFT_TRAINER_ARGS='{"eos_token": "</s>"}': eos_token '</s>': not a token of SFT_MODEL's tokenizer (452 """
+        "tokens): name one of its tokens, such as '<|im_end|>'"]

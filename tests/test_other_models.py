@@ -183,3 +183,30 @@ def test_a_model_that_is_not_a_causal_language_model_is_named_so(tmp_path, isola
     assert str(e.value) == (f"SFT_MODEL={str(folder)!r}: its config.json is a Qwen2VLConfig, for which transformers "
                             "has no causal language model (AutoModelForCausalLM): this job trains text-generation "
                             "models, not vision-language, encoder or other models")
+
+
+def test_a_tokenizer_without_an_end_of_sequence_token_is_named_before_any_rank_starts(gpt2, tmp_path, isolated_env):
+    """A tokenizer trained from scratch with no special token: before, text rows failed the data step with 'row 1 ...
+    cannot be tokenised (TypeError: endswith first arg must be str ..., not NoneType): fix or remove it', and
+    conversations passed every check, then every rank failed in SFTTrainer (its pad token 'None' not in the
+    vocabulary, exit 5)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    bare = tmp_path / "no-eos"
+    shutil.copytree(gpt2, bare)
+    tok = AutoTokenizer.from_pretrained(gpt2)
+    tok.eos_token = tok.bos_token = None
+    tok.save_pretrained(bare)
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps(r) + "\n" for r in text_rows(40)))
+    fix = ("set eos_token in the model's tokenizer_config.json to one of its tokens (the one that ends a document or a "
+           """turn), or SFT_TRAINER_ARGS='{"eos_token": "..."}'""")
+    for data, use in ((text, "ends each text with it"), (DEMO_DATA, "pads with it, and it has no pad token either")):
+        with pytest.raises(DataError) as e:
+            read(tmp_path, bare, dataset=str(data), chat_template=str(TEMPLATE))
+        assert e.value.problems == [f"SFT_MODEL={str(bare)!r}: its tokenizer has no end-of-sequence token (eos_token), "
+                                    f"and TRL {use}: {fix}"]
+    given = read(tmp_path, bare, dataset=str(text), trainer_args='{"eos_token": "<|endoftext|>"}')
+    assert given.tokenizer.eos_token == "<|endoftext|>" and len(given.train) == 40

@@ -104,7 +104,29 @@ def _tokenizer(s: Settings, shape: shapes.Shape | None, problems: list[str]):
     if shape is not None and shape.conversational and not tok.chat_template:
         problems.append(f"SFT_MODEL={s.model!r}: its tokenizer has no chat template, and the data is {shape.name}: "
                         "set SFT_CHAT_TEMPLATE to a .jinja file or a model to take the template from")
+    if shape is not None:
+        problems += _special_tokens(s, tok, shape)
     return tok
+
+
+def _special_tokens(s: Settings, tok, shape: shapes.Shape) -> list[str]:
+    """The end-of-sequence and pad tokens TRL needs of the tokenizer, refused here rather than in every rank (an
+    eos_token of SFT_TRAINER_ARGS is set on `tok` as TRL sets it, so the rows are tokenised with it)."""
+    from ..data.tokens import special_tokens
+    from ..settings.checks import shown_trainer_args
+
+    cloned = s.chat_template is not None and not s.chat_template.endswith((".jinja", ".j2"))
+    unknown, no_eos = special_tokens(tok, s.extra_trainer_args, shape.conversational, cloned)
+    if unknown:
+        return [f"SFT_TRAINER_ARGS={shown_trainer_args(s.trainer_args or '')!r}: {' and '.join(unknown)}: not a token "
+                f"of SFT_MODEL's tokenizer ({len(tok):,} tokens): name one of its tokens, such as {tok.eos_token!r}"]
+    if not no_eos:
+        return []
+    use = ("pads with it, and it has no pad token either" if shape.conversational else
+           f"ends each {'completion' if shape.prompt_completion else 'text'} with it")
+    return [f"SFT_MODEL={s.model!r}: its tokenizer has no end-of-sequence token (eos_token), and TRL {use}: set "
+            "eos_token in the model's tokenizer_config.json to one of its tokens (the one that ends a document or a "
+            """turn), or SFT_TRAINER_ARGS='{"eos_token": "..."}'"""]
 
 
 def _marks(tok, s: Settings) -> bool | None:

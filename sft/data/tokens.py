@@ -56,6 +56,23 @@ def tokenizer(model: str, revision: str | None, chat_template: str | None, trust
     return tok
 
 
+def special_tokens(tok, trainer_args: dict[str, Any], conversational: bool, cloned: bool) -> tuple[list[str], bool]:
+    """SFTTrainer.__init__'s end-of-sequence token set on `tok` as it sets it before tokenising (args.eos_token
+    replaces the tokenizer's, unless a template cloned from a model (`cloned`) replaced it after: the rows here then
+    end as the ranks' do); and what it would refuse in every rank:
+    (SFT_TRAINER_ARGS' tokens not in the vocabulary, as "eos_token '<x>'": its ValueError; whether the tokenizer
+    lacks the eos TRL needs: to pad with where it has no pad token (the same ValueError), or to end each text or
+    completion with (add_eos: a TypeError))."""
+    vocab = tok.get_vocab()
+    given = {name: trainer_args[name] for name in ("eos_token", "pad_token") if trainer_args.get(name) is not None}
+    if unknown := [f"{name} {value!r}" for name, value in given.items() if value not in vocab]:
+        return unknown, False
+    if "eos_token" in given and not cloned:
+        tok.eos_token = given["eos_token"]
+    padded = bool(given.get("pad_token") or tok.pad_token)
+    return [], tok.eos_token is None and not (conversational and padded)
+
+
 def pad_note(tok, trainer_args: dict[str, Any]) -> str | None:
     """The log line for a tokenizer with no pad token, which TRL pads with its end-of-sequence token instead, on the
     tokenizer and the model's configs alike (SFTTrainer.__init__: args.pad_token or the tokenizer's, else its eos,
