@@ -210,3 +210,25 @@ def test_a_tokenizer_without_an_end_of_sequence_token_is_named_before_any_rank_s
                                     f"and TRL {use}: {fix}"]
     given = read(tmp_path, bare, dataset=str(text), trainer_args='{"eos_token": "<|endoftext|>"}')
     assert given.tokenizer.eos_token == "<|endoftext|>" and len(given.train) == 40
+
+
+def test_a_config_of_an_unknown_or_missing_model_type_names_the_model_type(tmp_path, isolated_env):
+    """A local config.json that reads as JSON but whose model_type transformers does not know, or that has none: before,
+    the message sent the user to the network and HF_HUB_OFFLINE."""
+    from transformers import __version__
+
+    for name, config in (("unknown", {"model_type": "frobnicator"}), ("untyped", {"hidden_size": 64})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    with pytest.raises(inputs.CannotRun) as e:
+        inputs.shape_of(str(tmp_path / "unknown"))
+    assert str(e.value).endswith(
+        f"): transformers {__version__} knows no model_type 'frobnicator': a misspelt model_type, or a model newer than "
+        "this transformers (a model with its own code names it in auto_map, and runs with SFT_TRUST_REMOTE_CODE)")
+    with pytest.raises(inputs.CannotRun) as e:
+        inputs.shape_of(str(tmp_path / "untyped"))
+    assert str(e.value).endswith('): it names no model_type (the architecture, such as "llama"): add it, or save the '
+                                 "config with transformers' save_pretrained")
+    result = run_entrypoint(demo_env(tmp_path, model=tmp_path / "unknown"), "plan", "--gpus", "1", "--gpu-memory", "80")
+    assert result.returncode == 2 and "knows no model_type 'frobnicator'" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "HF_HUB_OFFLINE" not in result.stdout + result.stderr

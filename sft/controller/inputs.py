@@ -62,11 +62,25 @@ def shape_of(model: str, revision: str | None = None, trust: bool = False) -> Mo
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         hint = ("; set SFT_TRUST_REMOTE_CODE=true only after reading its code" if "trust_remote_code" in str(e)
                 else "")
-        torn = looks_local(model) and read_json(Path(os.path.expanduser(model)) / "config.json") is None
-        fix = "copy it again from the model it came from" if torn else ("check the name or path, the network, and "
-                                                                        "HF_HUB_OFFLINE")
-        raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): {fix}{hint}",
+        raise CannotRun(f"SFT_MODEL={model!r}: cannot read its config.json ({why}): {_config_fix(model)}{hint}",
                         exitcodes.BAD_SETTINGS) from None
+
+
+def _config_fix(model: str) -> str:
+    """What to do about a config.json transformers cannot read: a local one torn, or of a model_type it lacks."""
+    from transformers import CONFIG_MAPPING, __version__
+
+    config = read_json(Path(os.path.expanduser(model)) / "config.json") if looks_local(model) else {}
+    if not isinstance(config, dict):
+        return "copy it again from the model it came from"
+    kind = config.get("model_type")
+    if not looks_local(model) or config.get("auto_map") or kind in CONFIG_MAPPING:
+        return "check the name or path, the network, and HF_HUB_OFFLINE"
+    if not kind:
+        return ('it names no model_type (the architecture, such as "llama"): add it, or save the config with '
+                "transformers' save_pretrained")
+    return (f"transformers {__version__} knows no model_type {kind!r}: a misspelt model_type, or a model newer than "
+            "this transformers (a model with its own code names it in auto_map, and runs with SFT_TRUST_REMOTE_CODE)")
 
 
 class NotACausalLM(ValueError):
