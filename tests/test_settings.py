@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import DEMO_DATA, DEMO_MODEL, clean_environ, run_entrypoint
+from conftest import DEMO_DATA, DEMO_MODEL, clean_environ, demo_env, run_entrypoint
 from sft.controller import inputs, prepare
 from sft.settings import Settings, SettingsError, describe, from_env
 
@@ -123,6 +123,14 @@ BAD = [
     # before: report_to here killed every rank ("got multiple values"); now the setting of its own is named
     ("SFT_TRAINER_ARGS", '{"report_to": "wandb"}', "report_to is set by the job: use SFT_REPORT_TO"),
     ("SFT_TRAINER_ARGS", '{"run_name": "x"}', "run_name is set by the job: use SFT_RUN_NAME"),
+    # before: a value TRL's SFTConfig refuses was a traceback in `config` and failed every rank of a run
+    ("SFT_TRAINER_ARGS", '{"lr_scheduler_type": "cosin"}', "lr_scheduler_type: 'cosin' is not one of TRL's: linear, "
+     "cosine, cosine_with_restarts,"),
+    ("SFT_TRAINER_ARGS", '{"optim": "adam"}', "optim: 'adam' is not one of TRL's: adamw_torch, adamw_torch_fused,"),
+    ("SFT_TRAINER_ARGS", '{"warmup_steps": "10"}', 'warmup_steps: "10" is text, not a number (JSON writes those '
+     "without quotes)"),
+    ("SFT_TRAINER_ARGS", '{"dataloader_num_workers": 1.5}', "dataloader_num_workers: 1.5 is not a whole number"),
+    ("SFT_TRAINER_ARGS", '{"dataloader_pin_memory": "no"}', 'dataloader_pin_memory: "no" is text, not true or false'),
     ("SFT_REPORT_TO", "tensorbord", "tensorbord: unknown tracker (expected tensorboard, trackio, wandb, mlflow)"),
     ("SFT_REPORT_TO", "none,trackio", "none cannot be listed with trackers"),
     ("SFT_TIME_LIMIT", "3 hours", "expected a duration such as 3h30m, 90m or 45s, or an end time such as"),
@@ -206,6 +214,17 @@ def test_a_split_row_asks_for_unpacked_rows_sdpa_and_a_length_it_divides(isolate
     assert [p.split(": needs ")[1].split(":")[0] for p in e.value.problems] == [
         "SFT_PACKING=false", "SFT_ATTENTION=auto or sdpa", "an SFT_MAX_LENGTH that 3 divides"]
     assert from_env({"SFT_SEQUENCE_PARALLEL": "4", "SFT_PACKING": "false"}).sequence_parallel == 4
+
+
+def test_trainer_args_values_sftconfig_takes_pass_and_config_names_one_it_refuses(isolated_env, tmp_path):
+    good = {"lr_scheduler_type": "cosine", "warmup_steps": 5, "weight_decay": 0, "dataloader_pin_memory": False,
+            "torch_compile_mode": "max-autotune", "gradient_checkpointing_kwargs": {"use_reentrant": False},
+            "neftune_noise_alpha": 5, "eos_token": None}
+    assert problems_of({"SFT_TRAINER_ARGS": json.dumps(good)}) == []
+    result = run_entrypoint(demo_env(tmp_path, trainer_args='{"lr_scheduler_type": "bogus"}'), "config")
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "lr_scheduler_type: 'bogus' is not one of TRL's: linear," in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def test_a_token_in_trainer_args_is_refused_and_never_shown(isolated_env):

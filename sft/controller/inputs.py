@@ -20,6 +20,7 @@ from ..planner.inputs import CannotRun, DataFacts, Inputs, Machine, Ranks
 from ..planner.shape import ModelShape
 from ..settings import Settings, is_hub_name
 from . import revisions
+from .trainerargs import trainer_args
 
 Finder = Callable[[Settings], list[str]]
 COPY_TOKENIZER = ("copy the tokenizer files of the model it came from, or save them there with its tokenizer's "
@@ -275,35 +276,6 @@ def hub_online(s: Settings) -> list[str]:
     if s.hub_repo is None or not constants.HF_HUB_OFFLINE or not nodes.from_env(os.environ).leads:
         return []
     return [f"SFT_HUB_REPO={s.hub_repo!r} but HF_HUB_OFFLINE=1 forbids the Hub: unset one of them"]
-
-
-def trainer_args(s: Settings) -> list[str]:
-    """SFT_TRAINER_ARGS's arguments as TRL's SFTConfig reads them, none of the job's own (planner/arguments.py; the
-    settings checked that it is a JSON object)."""
-    import dataclasses
-    import difflib
-
-    from ..planner.arguments import OWNED
-    from ..settings.checks import shown_trainer_args
-
-    try:
-        args = s.extra_trainer_args
-    except ValueError:
-        return []  # the settings named it already
-    if not isinstance(args, dict) or not args:
-        return []
-    from trl import SFTConfig  # seconds to import: only when there is something to check
-
-    shown, known = shown_trainer_args(s.trainer_args or ""), {f.name for f in dataclasses.fields(SFTConfig)}
-    problems = []
-    for name in args:
-        if name in OWNED:
-            problems.append(f"SFT_TRAINER_ARGS={shown!r}: {name} is set by the job: use {OWNED[name]}")
-        elif name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]}?" if close else "not an SFTConfig argument"
-            problems.append(f"SFT_TRAINER_ARGS={shown!r}: {name}: unknown argument ({hint})")
-    return problems
 
 
 # What each command checks besides the settings: `plan` and `doctor` decide without a model's files.
