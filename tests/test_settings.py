@@ -173,6 +173,21 @@ def test_bad_value_names_variable_value_and_fix(isolated_env, var, raw, message)
     assert message in problem
 
 
+def test_a_relative_path_with_a_bad_amount_and_a_template_file_not_there_are_named_as_paths(isolated_env,
+                                                                                              monkeypatch):
+    """Before, a relative data path with an amount that does not parse was called 'neither a local path nor a Hub
+    name (Repo id must use alphanumeric chars ...)', and a .jinja file not there passed the settings, then was blamed
+    on SFT_MODEL ('cannot load its tokenizer ... check the network, and HF_HUB_OFFLINE')."""
+    monkeypatch.chdir(DEMO_DATA.parent.parent)
+    assert problems_of({"SFT_DATASET": "demo/chat.jsonl:-5"}) == [
+        "SFT_DATASET='demo/chat.jsonl:-5': no such file or folder (':-5' is no amount: a row count such as :5000, or a "
+        "weight such as :0.5)"]
+    for name in ("chatml.jinja", "templates/chatml.j2"):
+        assert problems_of({"SFT_CHAT_TEMPLATE": name}) == [f"SFT_CHAT_TEMPLATE={name!r}: no such file or folder"]
+    good = {"SFT_DATASET": "demo/chat.jsonl:5", "SFT_CHAT_TEMPLATE": "demo/chatml-assistant-mask.jinja"}
+    assert problems_of(good) == []
+
+
 def test_flash_attention_4_is_refused_where_it_is_not_installed(isolated_env):
     """This CPU machine has no flash-attn-4 (installed with CUDA builds of torch only, scripts/install-deps.sh)."""
     from sft.settings.checks import flash_attention_4_installed

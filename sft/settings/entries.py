@@ -109,8 +109,10 @@ def problems(var: str, value: str) -> list[str]:
         # as every settings problem reads: VAR='value': what is wrong (naming the entry when there are several)
         head = f"{var}={value!r}: " + (f"{e.path}: " if len(entries) > 1 else "")
         path = Path(os.path.expanduser(e.path))
-        if not e.local:
-            if hub_name_problem(e.path) is not None:
+        if not e.local:  # a relative path with an amount that does not parse ('data/chat.jsonl:-5') is said as such
+            if (hint := _amount_hint(e.path)) and hub_name_problem(e.path) is not None:
+                found.append(head + "no such file or folder" + hint)
+            elif hub_name_problem(e.path) is not None:
                 found.append(head + not_a_name(e.path, "neither a local path nor a Hub name such as trl-lib/Capybara"))
         elif not os.path.exists(path):
             found.append(head + "no such file or folder" + _amount_hint(e.path))
@@ -177,7 +179,7 @@ def settings_problems(s) -> list[str]:
 
 def _template_problems(value: str) -> list[str]:
     path = Path(os.path.expanduser(value))
-    if not looks_local(value):
+    if not looks_local(value) and not value.endswith((".jinja", ".j2")):  # a template file, wherever it is written
         return [] if hub_name_problem(value) is None else [
             f"SFT_CHAT_TEMPLATE={value!r}: " + not_a_name(value, "neither a local path nor a Hub name")]
     if not os.path.exists(path):
