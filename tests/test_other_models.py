@@ -223,8 +223,8 @@ def test_a_config_of_an_unknown_or_missing_model_type_names_the_model_type(tmp_p
     with pytest.raises(inputs.CannotRun) as e:
         inputs.shape_of(str(tmp_path / "unknown"))
     assert str(e.value).endswith(
-        f"): transformers {__version__} knows no model_type 'frobnicator': a misspelt model_type, or a model newer than "
-        "this transformers (a model with its own code names it in auto_map, and runs with SFT_TRUST_REMOTE_CODE)")
+        f"): transformers {__version__} knows no model_type 'frobnicator': a misspelt model_type, or a model newer "
+        "than this transformers (a model with its own code names it in auto_map, and runs with SFT_TRUST_REMOTE_CODE)")
     with pytest.raises(inputs.CannotRun) as e:
         inputs.shape_of(str(tmp_path / "untyped"))
     assert str(e.value).endswith('): it names no model_type (the architecture, such as "llama"): add it, or save the '
