@@ -89,6 +89,13 @@ STEP_FP32_GRAD_BYTES = 4
 # 4 above; its step holds the flattened 16-bit gradients instead, and the peak fell by that partition (measured:
 # docs/memory-planner.md, 'Since: ZeRO-1/2's step in one pass').
 ONE_PASS_STEP_BYTES = 2
+# With checkpointing, that flattened copy is one block the backward's freed memory cannot hold: torch's allocator had
+# put the backward's small tensors into DeepSpeed's fp32 gradient partition, which its initialize_optimizer_states
+# makes and frees at the start (stage_1_and_2.py, 4 bytes a parameter) and which stays reserved, and it reserves a new
+# block for the copy. So the step adds to the backward's memory, not instead of it. Measured with the allocator's
+# history (docs/memory-planner.md, 'the one-pass step beside the checkpointed backward'): Qwen3-4B at full precision
+# on an H100, 4 x 2,048, 74.93 GiB reserved; Qwen3-8B with 8-bit AdamW on an H200, 99.19. Without checkpointing the
+# backward's large freed blocks hold it (92.94 and 63.0 GiB measured below their plans): step_beside_backward.
 # With the optimizer offloaded, a 16-bit sub-group staged on the GPU during the backward, on its way to
 # the host (fitted to the one offload run measured, docs/memory-planner.md).
 OFFLOAD_STAGING_BYTES = 2
@@ -244,14 +251,21 @@ def states_not_made(stage: Stage, total_params: int, total_gpus: int, one_pass_s
     return STEP_FP32_GRAD_BYTES * -(-total_params // total_gpus)
 
 
-def busiest_phase(stage: Stage, backward: int, optimizer_step: int) -> int:
+def busiest_phase(stage: Stage, backward: int, optimizer_step: int, step_beside_backward: bool = False) -> int:
     """What the forward/backward adds to the model states, or what the step adds, whichever is more.
 
     With the optimizer offloaded, gradients leave for the host during the backward: their staging is
-    part of it."""
-    if stage.offload_optimizer:
+    part of it. `step_beside_backward` (the function below): both, one on the other."""
+    if stage.offload_optimizer or step_beside_backward:
         return backward + optimizer_step
     return max(backward, optimizer_step)
+
+
+def step_beside_backward(stage: Stage, one_pass_step: bool, gradient_checkpointing: bool) -> bool:
+    """Whether the one-pass step's flattened gradients are reserved beside the backward's memory, not in it
+    (ONE_PASS_STEP_BYTES says why)."""
+    return (one_pass_step and gradient_checkpointing and stage.zero in (1, 2)
+            and not stage.offload_optimizer)
 
 
 def accumulation_bytes(stage: Stage, total_params: int, total_gpus: int, grad_accum: int) -> int:

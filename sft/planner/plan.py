@@ -79,6 +79,7 @@ class Row:
     states_not_made: int = 0  # of model_states (DeepSpeed's estimate): fp32 gradients the one-pass step never makes
     mask_build: int = 0  # flex attention's block mask being built, before the forward: a peak beside the others
     head_kept: int = 0  # of logits: the LM head's tiles kept for the backward (memory.head_tiles_kept)
+    step_beside_backward: bool = False  # the step adds to the backward (memory.step_beside_backward), not the larger
     longest_row: int | None = None  # tokens of one row that still fit, this setup otherwise (plan_from_shape)
     longest_row_checkpointed: int | None = None  # the same with checkpointing on, checkpoints on the GPU
     longest_row_offloaded: int | None = None  # ... and with the checkpoints in host memory
@@ -133,7 +134,8 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
         "states_not_made": memory.states_not_made(stage, shape.total_params, setup.total_gpus, setup.one_pass_step),
         "mask_build": memory.mask_build_bytes(setup.flex_mask_elements),
     }
-    margin, peak = _peak(stage, terms)
+    beside = memory.step_beside_backward(stage, setup.one_pass_step, setup.gradient_checkpointing)
+    margin, peak = _peak(stage, terms, beside)
     # the LM head's tiles kept for its backward take only what the plan leaves free (memory.head_tiles_kept)
     if setup.head_tiles_kept and peak <= setup.gpu_budget:
         kept = memory.head_tiles_kept(shape, setup.micro_batch, setup.row_tokens,
@@ -141,7 +143,7 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
         if kept:
             terms["logits"] = memory.logits_bytes(shape, setup.micro_batch, setup.row_tokens, kept=kept)
             terms["head_kept"] = kept
-            margin, peak = _peak(stage, terms)
+            margin, peak = _peak(stage, terms, beside)
     if _offloading(setup):
         host += setup.gpus_per_node * memory.offloaded_activation_bytes(shape, setup.micro_batch, setup.row_tokens)
     fits_gpu = peak <= setup.gpu_budget
@@ -150,15 +152,15 @@ def estimate_row(stage: Stage, shape: ModelShape, setup: Setup, ds_config: Mappi
         fits_host = host <= setup.host_memory_gib * GIB
     why = _why(stage, peak, host, fits_gpu, fits_host, setup)
     return Row(option=stage.name, **terms, margin=margin, peak=peak, host=host, fits_gpu=fits_gpu,
-               fits_host=fits_host, why=why)
+               fits_host=fits_host, why=why, step_beside_backward=beside)
 
 
-def _peak(stage: Stage, terms: Mapping[str, int]) -> tuple[int, int]:
-    """(margin, peak): the states less those not made, accumulation, the busiest of the backward, the step and
-    the mask's build, then the margin."""
+def _peak(stage: Stage, terms: Mapping[str, int], beside: bool = False) -> tuple[int, int]:
+    """(margin, peak): the states less those not made, accumulation, the busiest of the backward, the step (`beside`:
+    the two together, memory.step_beside_backward) and the mask's build, then the margin."""
     backward = terms["activations"] + terms["logits"] + terms["buckets"]
     unmargined = (terms["model_states"] - terms["states_not_made"] + terms["accumulation"]
-                  + max(memory.busiest_phase(stage, backward, terms["optimizer_step"]), terms["mask_build"]))
+                  + max(memory.busiest_phase(stage, backward, terms["optimizer_step"], beside), terms["mask_build"]))
     margin = memory.margin_bytes(unmargined)
     return margin, unmargined + margin
 
@@ -274,6 +276,8 @@ def format_table(p: Plan) -> str:
               + (f"; ZeRO-1/2 less {gib(not_made):.2f} GiB of states: their step makes no fp32 gradients" if not_made
                  else ""),
               "  (offload: step is the gradient staged for the host during the backward, so it adds to it)",
+              *(["  (ZeRO-1/2 with checkpointing: the step's flattened gradients need a block beside the backward's "
+                 "memory, so they add to it)"] if any(r.step_beside_backward for r in p.rows) else []),
               *([f"logits: up to {gib(kept):.2f} GiB of it the LM head's tiles kept for its backward, where the "
                  "option has room"] if kept else []),
               "host: CPU memory per node (DeepSpeed's estimate; offloaded checkpoints); checked for offload only",
