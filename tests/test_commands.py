@@ -263,14 +263,30 @@ def test_status_of_a_folder_that_holds_no_run_and_of_something_else(tmp_path):
     empty = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", str(tmp_path)], env=env,
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert empty.returncode == 0 and "no run here yet" in empty.stdout
+    assert "not a job's output folder, or its job has not started" in empty.stdout  # a model's folder, /tmp...
     neither = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", str(tmp_path / "nothing")],
                              env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert neither.returncode == 2 and "neither an output folder nor a Hub repo" in neither.stderr
+    assert neither.returncode == 2 and f"{tmp_path / 'nothing'}: no such output folder here" in neither.stderr
     # before: sent to the Hub, whose refusal of the name was said as the Hub not answering (exit 10)
     bad = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", "not/a/repo"], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not/a/repo is neither an output folder nor a Hub repo (owner/name): Repo id must " \
                                    "be in the form 'repo_name' or 'namespace/repo_name'" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("target, said", [
+    ("demo/chat.jsonl", "demo/chat.jsonl is a file, not a job's output folder"),
+    ("x/y.jsonl", "x/y.jsonl: no such output folder here (a local path, not sent to the Hub)"),
+    ("demo/nothing", "demo/nothing: no such output folder here (a local path, not sent to the Hub)"),
+    ("./x", "./x: no such output folder here")])
+def test_status_of_a_file_or_a_local_path_not_there_says_so_not_the_hub(tmp_path, target, said):
+    """Before: a file, or a path not there written with an owner/ (x/y.jsonl), went to the Hub (exit 10 offline,
+    after its retries: "cannot read demo/chat.jsonl from the Hub")."""
+    result = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "status", target], env=clean_environ(tmp_path),
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "from the Hub" not in result.stderr, result.stderr
+    assert f"error: {said}" in result.stderr and "status takes a job's output folder (SFT_OUTPUT_DIR) or its Hub " \
+                                                  "repo (owner/name)" in result.stderr, result.stderr
 
 
 # -- DeepSpeed's accelerator notice ------------------------------------------------------------

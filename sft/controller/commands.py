@@ -18,7 +18,7 @@ import click
 from .. import exitcodes, nodes, tracking
 from ..planner import disk
 from ..planner.inputs import GPU, CannotRun, Machine, Ranks
-from ..settings import Settings, hub_name_problem, refusal
+from ..settings import Settings, refusal
 from ..settings.checks import model_problems
 from ..units import GIB
 from . import inputs, machine, prepare
@@ -249,14 +249,12 @@ def status(target: str, revision: str | None, as_json: bool) -> None:
     from . import status as run_status
 
     target = target or os.environ.get("SFT_OUTPUT_DIR", "output")
-    path = "/" not in target or target.startswith((".", "/", "~"))
-    if Path(target).is_dir():
-        found = run_status.of_folder(Path(target))
-    elif not path and (why := hub_name_problem(target)) is None:
+    if Path(target).expanduser().is_dir():
+        found = run_status.of_folder(Path(target).expanduser())
+    elif (why := run_status.not_a_target(target)) is None:
         found = _repo_status(target, revision)
-    else:  # a name the Hub cannot have was sent to it, and its refusal said as the Hub not answering (exit 10)
-        fail(f"{target} is neither an output folder nor a Hub repo (owner/name)" + ("" if path else f": {why}"),
-             exitcodes.BAD_SETTINGS)
+    else:  # before: a file, or a path not there, was sent to the Hub, and said as the Hub not answering (exit 10)
+        fail(why, exitcodes.BAD_SETTINGS)
     click.echo(found.to_json() if as_json else found.text())
 
 

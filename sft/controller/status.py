@@ -42,7 +42,8 @@ class Status:
 
     def text(self) -> str:
         if self.phase == "unknown" and not self.checkpoint_on_disk and not self.checkpoint_on_hub:
-            return f"{self.source}: no run here yet (no run/events.jsonl, no checkpoint)"
+            return (f"{self.source}: no run here yet (no run/events.jsonl, no checkpoint): not a job's output folder, "
+                    "or its job has not started")
         where = f"{self.phase}" + (f": step {self.step} of {self.max_steps}" if self.step is not None else "")
         if self.eta_seconds is not None and self.phase == "training":
             where += f", about {_duration(self.eta_seconds)} left"
@@ -131,6 +132,24 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
+
+
+TAKES = "status takes a job's output folder (SFT_OUTPUT_DIR) or its Hub repo (owner/name)"
+
+
+def not_a_target(target: str) -> str | None:
+    """Why `target`, not a folder here, is not a Hub repo either (None: it may be one): a file; a path written as
+    one (./x, /x, ~/x, a name with no owner/); a data file's name; or a folder here with nothing of that name in it."""
+    from ..settings import hub_name_problem
+    from ..settings.entries import is_data_file
+
+    local = Path(target).expanduser()
+    if local.exists():
+        return f"{target} is a file, not a job's output folder: {TAKES}"
+    if "/" not in target or target.startswith((".", "/", "~")) or is_data_file(target) or local.parent.is_dir():
+        return f"{target}: no such output folder here (a local path, not sent to the Hub): {TAKES}"
+    why = hub_name_problem(target)
+    return None if why is None else f"{target} is neither an output folder nor a Hub repo (owner/name): {why}"
 
 
 def of_repo(repo_id: str, revision: str | None = None) -> Status:
