@@ -386,3 +386,32 @@ def test_a_folder_whose_files_have_different_columns_says_so_and_how_to_read_the
         "as one table): name the files in SFT_DATASET, separated by commas (a mixture takes its shape's columns of "
         "each), or give them the same columns"]
     assert len(read(tmp_path, dataset=f"{folder / 'a.jsonl'}, {folder / 'b.jsonl'}").train) == 40
+
+
+# --- SFT_EVAL_FRACTION
+
+
+def test_an_eval_fraction_that_leaves_no_training_row_names_the_rows_and_the_fractions_that_work(tmp_path):
+    """Before: datasets' own words ("With n_samples=512, test_size=0.9999 and train_size=None, the resulting train
+    set will be empty. Adjust any of the aforementioned parameters.")."""
+    result = run_entrypoint(demo_env(tmp_path, eval_fraction=0.9999), "data", "--rows", "0")
+    assert result.returncode == 2 and "aforementioned" not in result.stderr, result.stderr[-2000:]
+    assert ("SFT_EVAL_FRACTION=0.9999 holds out 512 of the 512 training rows (rounded up), leaving none to train on: "
+            "with 512 rows a fraction above 0 and at most 0.998 keeps a row on both sides") in result.stderr
+    tiny = run_entrypoint(demo_env(tmp_path, eval_fraction=0.0001), "data", "--rows", "0")  # rounded up: one row
+    assert tiny.returncode == 0 and "data: evaluation: 1 rows, 0.0001 of the training rows" in tiny.stdout
+
+
+def test_the_largest_eval_fraction_said_splits_and_one_row_cannot():
+    from datasets import Dataset
+
+    from sft.data.sources import hold_out
+    from sft.planner.data import held_out_problem
+
+    for n in (2, 3, 7, 512, 100_000):
+        most = float(held_out_problem(1.0 - 1e-12, n).rsplit("at most ", 1)[1].split()[0])
+        assert held_out_problem(most, n) is None and held_out_problem(1e-6, n) is None
+        kept, held = hold_out(Dataset.from_dict({"i": list(range(n))}), most, 0)
+        assert len(kept) >= 1 and len(held) >= 1
+    assert held_out_problem(0.5, 1).endswith("one row cannot be split: give more rows, or evaluation rows of their "
+                                             "own in SFT_EVAL_DATASET")

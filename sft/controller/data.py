@@ -156,10 +156,9 @@ def _assemble(s: Settings, facts: DataFacts, loaded: list, shape: shapes.Shape, 
         f.text() for f in facts.train)]
     facts = dataclasses.replace(facts, rows=len(train))
     if fraction > 0:
-        try:
-            kept, held = hold_out(train, fraction, s.seed)
-        except ValueError as e:  # datasets: a share that rounds to no row on one side
-            raise DataError([f"SFT_EVAL_FRACTION={fraction:g} of {len(train)} rows: {e}"]) from None
+        if (problem := data_rules.held_out_problem(fraction, len(train))) is not None:
+            raise DataError([problem])  # before datasets' own words for it ("Adjust any of the ...")
+        kept, held = hold_out(train, fraction, s.seed)
         notes.append(f"data: evaluation: {len(held):,} rows, {why}")
         return Found(dataclasses.replace(facts, eval_rows=len(held)), notes, kept, held)
     if evaluation is None:

@@ -5,6 +5,7 @@ template can mark the assistant's turns) are the controller's (controller/data.p
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .. import exitcodes
 from ..settings.entries import parse
@@ -72,3 +73,16 @@ def eval_every(s: Settings, evaluates: bool) -> tuple[int | None, str]:
         return s.save_steps, f"every {s.save_steps} steps, with each checkpoint (SFT_SAVE_STEPS), and at the end"
     # None: the ranks evaluate with each checkpoint saved by time (sft/ranks/cadence.py), and at the end
     return None, f"with each checkpoint (every {s.save_seconds / 60:g} min of training) and at the end"
+
+
+def held_out_problem(fraction: float, rows: int) -> str | None:
+    """Why SFT_EVAL_FRACTION cannot split `rows` rows, both sides keeping a row (None: it can). datasets'
+    train_test_split holds out fraction x rows rounded up, so any fraction above 0 holds out one row at least."""
+    if math.ceil(fraction * rows) < rows:
+        return None
+    said = f"SFT_EVAL_FRACTION={fraction:g} holds out {math.ceil(fraction * rows):,} of the {rows:,} training rows " \
+           "(rounded up), leaving none to train on: "
+    if rows < 2:
+        return said + "one row cannot be split: give more rows, or evaluation rows of their own in SFT_EVAL_DATASET"
+    most = math.floor((rows - 1) / rows * 10_000) / 10_000  # shown rounded down: still below (rows - 1) / rows
+    return said + f"with {rows:,} rows a fraction above 0 and at most {most:g} keeps a row on both sides"
