@@ -56,6 +56,23 @@ def test_plan_refuses_a_count_or_a_size_below_one_naming_the_option(tmp_path, op
            f"{expected}" in result.stderr
 
 
+def test_plan_where_nothing_fits_says_so_and_exits_3_as_run_and_config_do(tmp_path):
+    """Before: "1 x 0.000999999 GiB" (the GiB given, truncated to bytes), and exit 0 with the refusal at the end of
+    the decisions' text, as if a plan had been found."""
+    args = ("plan", "--model", "demo/tiny-qwen3", "--gpus", "1", "--gpu-memory", "0.001", "--host-memory", "64")
+    result = run_entrypoint(clean_environ(tmp_path), *args)
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "0.000999" not in result.stdout + result.stderr
+    assert "1 node(s) x 1 GPU(s) of 0.001 GiB" in result.stdout
+    assert result.stdout.endswith("decided:\n  none: no ZeRO option fits this machine (why: below)\n")
+    assert result.stderr.startswith("error: no ZeRO option fits this machine: nothing fits on 1 x 0.001 GiB with 64 "
+                                    "GiB of host RAM: ZeRO-1: too big for the GPU")
+    assert "it would need 1 GPU(s) of at least" in result.stderr
+    shown = run_entrypoint(clean_environ(tmp_path), *args, "--json")
+    assert shown.returncode == 3 and json.loads(shown.stdout)["decision"] is None
+    assert json.loads(shown.stdout)["refused"].startswith("no ZeRO option fits this machine")
+
+
 @pytest.mark.slow
 def test_auto_moves_to_the_next_stage_when_the_probe_runs_out_of_memory(tmp_path):
     env = demo_env(tmp_path, probe_steps=3, max_steps=4, save_steps=4)

@@ -102,7 +102,7 @@ def described(gpus: int | None, gpu_memory: float | None, here: tuple[GPU, ...])
     if not here and (gpus is None or gpu_memory is None):
         raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
     count, memory = gpus or len(here), gpu_memory or here[0].memory_bytes / GIB
-    return (GPU(here[0].name if here else "GPU", int(memory * GIB)),) * count
+    return (GPU(here[0].name if here else "GPU", round(memory * GIB)),) * count  # 0.001 GiB, not 0.000999999
 
 
 def config(gpus: int | None = None, gpu_memory: float | None = None, host_memory: float | None = None) -> None:
@@ -119,7 +119,7 @@ def config(gpus: int | None = None, gpu_memory: float | None = None, host_memory
     s, ranks = checked(inputs.CONFIG, named)
     facts = machine.measure(s.output_dir, found=named)
     if host_memory is not None:
-        facts = replace(facts, machine=replace(facts.machine, host_memory_bytes=int(host_memory * GIB)))
+        facts = replace(facts, machine=replace(facts.machine, host_memory_bytes=round(host_memory * GIB)))
     d = prepared(s, facts, ranks).decision
     spec = make_spec(s, d, Paths(s.output_path), "train", s.output_path, s.max_steps)
     # TrainingArguments refuse bf16 where this process sees no GPU: for a machine named here, they are made without
@@ -204,7 +204,7 @@ def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnod
         raise click.UsageError("no GPU here: give --gpus N and --gpu-memory GIB (e.g. --gpus 8 --gpu-memory 79.25)")
     if (named := described(gpus, gpu_memory, found.gpus)) is not None:
         found = replace(found, gpus=named)
-    found = replace(found, nodes=nnodes, **({"host_memory_bytes": int(host_memory * GIB)} if host_memory else {}))
+    found = replace(found, nodes=nnodes, **({"host_memory_bytes": round(host_memory * GIB)} if host_memory else {}))
     s = replace(s, **{k: v for k, v in asked.items() if v is not None})
     ranks, problems = prepare.ranks(s, found)
     if problems or ranks is None:
@@ -215,12 +215,14 @@ def plan(asked: dict[str, Any], gpus: int | None, gpu_memory: float | None, nnod
     except CannotRun as e:  # where nothing fits, the plan still says why, option by option
         if e.plan is None:
             fail(str(e), e.exit_code)
-        p, explained, d, refused = e.plan, f"  stage: {e}", None, str(e)
+        p, explained, d, refused = e.plan, "  none: no ZeRO option fits this machine (why: below)", None, e
     if as_json:
         click.echo(json.dumps({**p.to_dict(), "decision": d.resolved() if d else None,
-                               **({"refused": refused} if refused else {})}, indent=2))
+                               **({"refused": str(refused)} if refused else {})}, indent=2))
     else:
         click.echo(format_table(p) + "\n\ndecided:\n" + explained)
+    if refused:  # as `run` and `config` end where nothing fits: exit 3, the reason on stderr
+        fail(str(refused), refused.exit_code)
 
 
 def doctor() -> None:
