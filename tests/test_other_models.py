@@ -232,3 +232,18 @@ def test_a_config_of_an_unknown_or_missing_model_type_names_the_model_type(tmp_p
     result = run_entrypoint(demo_env(tmp_path, model=tmp_path / "unknown"), "plan", "--gpus", "1", "--gpu-memory", "80")
     assert result.returncode == 2 and "knows no model_type 'frobnicator'" in result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr and "HF_HUB_OFFLINE" not in result.stdout + result.stderr
+
+
+def test_an_unknown_model_type_is_said_once_without_transformers_base_config_warning(tmp_path):
+    """AutoTokenizer, where AutoConfig knows no model_type, reads config.json as the base class and warned "You are
+    using a model of type `frobnicator` to instantiate a model of type ``" above the job's own line naming it."""
+    model = tmp_path / "unknown"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "frobnicator"}))
+    tokenizer_files = [p for p in DEMO_MODEL.iterdir() if p.name.startswith(("tokenizer", "special_tokens"))]
+    for path in tokenizer_files:  # a tokenizer AutoTokenizer can load: the warning came while it read config.json
+        (model / path.name).write_bytes(path.read_bytes())
+    result = run_entrypoint(demo_env(tmp_path, model=model), "data", "--rows", "0")
+    said = result.stdout + result.stderr
+    assert result.returncode == 2 and "knows no model_type 'frobnicator'" in said, said[-2000:]
+    assert "to instantiate a model of type" not in said, said[-2000:]

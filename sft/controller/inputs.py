@@ -306,9 +306,23 @@ def _tokenizer(folder: Path, trust: bool = False):
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(folder: Path, stamp: tuple, trust: bool):
+    """AutoTokenizer's load, without the warning it gives where AutoConfig knows no model_type and it reads the
+    config as the base class ("... to instantiate a model of type ``"): model_config says that model_type itself."""
+    import logging
+
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+    logger = logging.getLogger("transformers.configuration_utils")
+    logger.addFilter(_not_the_base_config_warning)
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+    finally:
+        logger.removeFilter(_not_the_base_config_warning)
+
+
+def _not_the_base_config_warning(record) -> bool:
+    text = str(record.msg)
+    return not (text.startswith("You are using a model of type") and "to instantiate a model of type ``" in text)
 
 
 def _first_line(e: BaseException) -> str:
