@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..data import DataError, checks, shapes
 from ..data.empty import WHAT
 from ..data.tokens import pad_note
-from ..settings.entries import parse
+from ..settings.entries import is_template_file, parse
 from ..handoff import DataSource
 from ..planner import data as data_rules
 from ..planner import rules
@@ -115,7 +115,7 @@ def _special_tokens(s: Settings, tok, shape: shapes.Shape) -> list[str]:
     from ..data.tokens import special_tokens
     from ..settings.checks import shown_trainer_args
 
-    cloned = s.chat_template is not None and not s.chat_template.endswith((".jinja", ".j2"))
+    cloned = s.chat_template is not None and not is_template_file(s.chat_template)
     unknown, no_eos = special_tokens(tok, s.extra_trainer_args, shape.conversational, cloned)
     if unknown:
         return [f"SFT_TRAINER_ARGS={shown_trainer_args(s.trainer_args or '')!r}: {' and '.join(unknown)}: not a token "

@@ -15,6 +15,8 @@ import dataclasses
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from ..settings.entries import is_template_file
+
 if TYPE_CHECKING:
     from datasets import Dataset
 
@@ -43,7 +45,7 @@ def tokenizer(model: str, revision: str | None, chat_template: str | None, trust
     tok = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust)
     if chat_template is None:
         return tok
-    if chat_template.endswith((".jinja", ".j2")):  # SFTTrainer.__init__: a template file is read as it is
+    if is_template_file(chat_template):  # SFTTrainer.__init__: a template file is read as it is
         with open(chat_template, encoding="utf-8") as f:
             tok.chat_template = f.read()
         return tok

@@ -48,6 +48,14 @@ SAVED_DICT = "dataset_dict.json"
 AMOUNT = re.compile(r"^(?P<path>.+?):(?P<amount>\d+|\d*\.\d+)$")
 
 
+TEMPLATE_SUFFIXES = (".jinja", ".j2")  # SFT_CHAT_TEMPLATE: a template file (TRL reads any other value as a tokenizer's)
+
+
+def is_template_file(value: str) -> bool:
+    """SFT_CHAT_TEMPLATE names a template file, read as it is, not a model to clone the template from."""
+    return value.endswith(TEMPLATE_SUFFIXES)
+
+
 def looks_local(value: str) -> bool:
     """A path the user meant as local: it exists, or is written like a path (/x, ./x, ~/x)."""
     return os.path.exists(os.path.expanduser(value)) or value.startswith(("/", ".", "~"))
@@ -110,10 +118,9 @@ def problems(var: str, value: str) -> list[str]:
         head = f"{var}={value!r}: " + (f"{e.path}: " if len(entries) > 1 else "")
         path = Path(os.path.expanduser(e.path))
         if not e.local:  # a relative path with an amount that does not parse ('data/chat.jsonl:-5') is said as such
-            if (hint := _amount_hint(e.path)) and hub_name_problem(e.path) is not None:
-                found.append(head + "no such file or folder" + hint)
-            elif hub_name_problem(e.path) is not None:
-                found.append(head + not_a_name(e.path, "neither a local path nor a Hub name such as trl-lib/Capybara"))
+            if hub_name_problem(e.path) is not None:
+                hint, neither = _amount_hint(e.path), "neither a local path nor a Hub name such as trl-lib/Capybara"
+                found.append(head + ("no such file or folder" + hint if hint else not_a_name(e.path, neither)))
         elif not os.path.exists(path):
             found.append(head + "no such file or folder" + _amount_hint(e.path))
         elif e.kind == "file" and not is_data_file(path):
@@ -179,12 +186,12 @@ def settings_problems(s) -> list[str]:
 
 def _template_problems(value: str) -> list[str]:
     path = Path(os.path.expanduser(value))
-    if not looks_local(value) and not value.endswith((".jinja", ".j2")):  # a template file, wherever it is written
+    if not looks_local(value) and not is_template_file(value):  # a template file, wherever it is written
         return [] if hub_name_problem(value) is None else [
             f"SFT_CHAT_TEMPLATE={value!r}: " + not_a_name(value, "neither a local path nor a Hub name")]
     if not os.path.exists(path):
         return [f"SFT_CHAT_TEMPLATE={value!r}: no such file or folder"]
-    if os.path.isfile(path) and path.suffix not in (".jinja", ".j2"):  # TRL reads any other path as a tokenizer's
+    if os.path.isfile(path) and path.suffix not in TEMPLATE_SUFFIXES:  # TRL reads any other path as a tokenizer's
         return [f"SFT_CHAT_TEMPLATE={value!r}: expected a .jinja (or .j2) template file, or a model folder"]
     if os.path.isdir(path) and not os.path.isfile(path / "tokenizer_config.json"):
         return [f"SFT_CHAT_TEMPLATE={value!r}: a folder without tokenizer_config.json: give a model or tokenizer "
